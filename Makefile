@@ -1,0 +1,38 @@
+# `make demo` and `make test` are the whole setup: each creates .venv when it is missing.
+PY      ?= python3.11
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+# torch is pinned: a CPU wheel of exactly this version lies on every machine; anything
+# else downloads a multi-GB CUDA build.
+PINS    := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 helion==1.5.1
+TESTDEPS := numpy hypothesis pytest pytest-xdist expecttest transformers matplotlib
+JOBS    ?= 2
+
+.PHONY: demo test test-thorough bench coverage clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q $(PINS) $(TESTDEPS)
+	$(PYTHON) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PYTHON) -m tpu_kernels demo
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q -n $(JOBS) -p no:cacheprovider tests
+
+# Many more Hypothesis examples and the big shapes; not run by CI.
+test-thorough: $(STAMP)
+	TPU_KERNELS_HYPOTHESIS_PROFILE=thorough $(PYTHON) -m pytest -q -n $(JOBS) -p no:cacheprovider -m "thorough or not thorough" tests --thorough
+
+bench: $(STAMP)
+	$(PYTHON) -m tpu_kernels bench --quick
+
+coverage: $(STAMP)
+	$(PYTHON) -m tpu_kernels coverage
+
+clean:
+	rm -rf $(VENV) .tpu_kernels build *.egg-info

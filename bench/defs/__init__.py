@@ -1,0 +1,1 @@
+"""Benchmark definitions, one module per kernel family; each exports ``BENCHMARKS``."""

@@ -1,0 +1,79 @@
+"""Per-generation TPU facts that kernels and benchmarks size themselves by.
+
+One table, used by block-size heuristics (VMEM, MXU width) and by the benchmark's
+roofline (peak bf16 FLOP/s, HBM bandwidth). Figures are public vendor numbers per chip.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+MiB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    vmem_bytes: int          # physical VMEM per TensorCore
+    scoped_vmem_bytes: int   # Mosaic's default scoped VMEM limit
+    mxu: int                 # MXU width: block sizes should be multiples of it
+    bf16_flops: float        # peak dense bf16 FLOP/s per chip
+    hbm_bytes_per_s: float   # peak HBM bandwidth per chip
+    hbm_bytes: int           # HBM capacity per chip
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("v4", 16 * MiB, 16 * MiB, 128, 275e12, 1.2e12, 32 * 1024 * MiB),
+    "v5e": Chip("v5e", 128 * MiB, 16 * MiB, 128, 197e12, 0.819e12, 16 * 1024 * MiB),
+    "v5p": Chip("v5p", 64 * MiB, 16 * MiB, 128, 459e12, 2.765e12, 95 * 1024 * MiB),
+    "v6e": Chip("v6e", 128 * MiB, 32 * MiB, 256, 918e12, 1.64e12, 32 * 1024 * MiB),
+    "v7": Chip("v7", 64 * MiB, 32 * MiB, 256, 2307e12, 7.37e12, 192 * 1024 * MiB),
+}
+
+# Generations whose scoped VMEM every kernel's block choice is checked against.
+CHECKED_GENERATIONS = ("v5e", "v6e", "v7")
+# Blocks x buffers + scratch must stay under this share of the scoped limit.
+VMEM_BUDGET_FRACTION = 0.75
+
+
+def on_tpu() -> bool:
+    """True when JAX's default backend is a TPU."""
+    return jax.default_backend() == "tpu"
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """``None`` means: interpret off TPU, compile on TPU."""
+    return (not on_tpu()) if interpret is None else interpret
+
+
+@functools.cache
+def current_chip() -> Chip:
+    """The chip JAX runs on; off TPU the v5e row stands in (kernels still size blocks)."""
+    if not on_tpu():
+        return CHIPS["v5e"]
+    kind = jax.devices()[0].device_kind.lower()
+    for key, names in (("v7", ("v7", "tpu7")), ("v6e", ("v6",)), ("v5p", ("v5p",)),
+                       ("v5e", ("v5 lite", "v5e", "v5litepod")), ("v4", ("v4",))):
+        if any(n in kind for n in names):
+            return CHIPS[key]
+    return CHIPS["v5e"]
+
+
+def block_bytes(shape: tuple[int, ...], dtype) -> int:
+    """Bytes one VMEM block of ``shape`` and ``dtype`` occupies."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n * jax.numpy.dtype(dtype).itemsize
+
+
+def vmem_budget(chip: Chip) -> int:
+    """Bytes a kernel's blocks x buffers + scratch may use on ``chip``."""
+    return int(chip.scoped_vmem_bytes * VMEM_BUDGET_FRACTION)
+
+
+def sublane(dtype) -> int:
+    """Rows in one (sublane, 128) tile for ``dtype``: 8 for 32-bit, 16 for bf16, 32 for 8-bit."""
+    return 8 * (4 // jax.numpy.dtype(dtype).itemsize)

@@ -1,0 +1,43 @@
+"""FLOP and byte formulas of the cross-entropy, linear-CE, embedding and fused-Adam benchmarks
+against hand counts, and that each case's args build."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from tpu_kernels.bench.spec import KernelBench, case
+
+MODULES = ["cross_entropy", "linear_cross_entropy", "embedding", "fused_adam"]
+
+
+def _benches(name):
+    try:
+        mod = importlib.import_module(f"tpu_kernels.bench.defs.{name}")
+    except ModuleNotFoundError:
+        pytest.skip(f"bench/defs/{name}.py not written yet")
+    return mod.BENCHMARKS
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_declared(name):
+    for b in _benches(name):
+        assert isinstance(b, KernelBench)
+        assert b.op.count(".") == 2
+        assert any(c.quick for c in b.cases) and any(not c.quick for c in b.cases)
+        for c in b.cases:
+            assert b.flops(c) >= 0 and b.bytes(c) > 0
+        for c in b.cases:
+            if c.quick:
+                args, kwargs = b.make_args(c)
+                assert all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in args)
+
+
+def test_cross_entropy_counts():
+    (b,) = _benches("cross_entropy")
+    c = case(n=4, vocab=10, dtype=torch.bfloat16)
+    assert b.flops(c) == 4 * 4 * 10
+    assert b.bytes(c) == 2 * (40 + 1) + 8 * 4
+    (logits, target), kw = b.make_args(case(n=3, vocab=7))
+    assert logits.shape == (3, 7) and target.dtype == torch.int64 and kw["reduction"] == "mean"

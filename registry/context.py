@@ -1,0 +1,73 @@
+"""What a lowering may ask about the call it is lowering, while it is being traced.
+
+Torch's meta functions are the source of truth for result dtypes and shapes; the
+dispatcher publishes them here so lowerings follow torch's promotion rules without
+re-deriving them, and random ops get their PRNG key the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from tpu_kernels.registry.dtypes import to_jax_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class OutMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass
+class Call:
+    outs: tuple[OutMeta | None, ...]
+    key: Any = None  # a jax PRNG key for random ops
+
+
+_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("tpu_kernels_call", default=None)
+
+
+@contextlib.contextmanager
+def lowering(call: Call) -> Iterator[None]:
+    token = _CALL.set(call)
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+def _call() -> Call:
+    call = _CALL.get()
+    if call is None:
+        raise RuntimeError("no op is being lowered: out_dtype()/rng_key() are only valid inside a lowering")
+    return call
+
+
+def out_meta(i: int = 0) -> OutMeta:
+    meta = _call().outs[i]
+    if meta is None:
+        raise RuntimeError(f"output {i} has no tensor metadata")
+    return meta
+
+
+def out_dtype(i: int = 0) -> jnp.dtype:
+    """The jax dtype torch gives output ``i`` of the op being lowered."""
+    return to_jax_dtype(out_meta(i).dtype)
+
+
+def out_shape(i: int = 0) -> tuple[int, ...]:
+    return out_meta(i).shape
+
+
+def rng_key() -> jax.Array:
+    """A fresh PRNG key for the random op being lowered."""
+    key = _call().key
+    if key is None:
+        raise RuntimeError("rng_key() called by an impl not registered with random=True")
+    return key

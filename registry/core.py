@@ -1,0 +1,224 @@
+"""The op table: ATen (or custom) op overload -> ordered implementations.
+
+An ``Impl`` is a pure function (jax arrays and Python values in, jax arrays out) plus
+a ``supports`` predicate that may refuse arguments with a reason. ``resolve`` walks an
+op's impls in priority order and returns the first that is enabled and accepts the
+arguments; the XLA lowering closes every list, so a refusal is never an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+KINDS = ("user", "pallas", "helion", "xla", "decomp")
+KERNEL_KINDS = ("pallas", "helion")
+# Higher runs first; user kernels win over built-ins by default.
+DEFAULT_PRIORITY = {"user": 300, "pallas": 200, "helion": 200, "xla": 100, "decomp": 0}
+
+
+@dataclasses.dataclass(eq=False)
+class Impl:
+    """One implementation of one op."""
+    op: Any                      # torch._ops.OpOverload
+    fn: Callable[..., Any]
+    kind: str
+    name: str
+    supports: Callable[..., Any] | None = None
+    priority: int = 0
+    # Scalar-typed schema args whose value must be known at trace time (they shape the
+    # result, e.g. arange's bounds); other Scalars are traced so new values never retrace.
+    static: tuple[str, ...] = ()
+    # The result's shape depends on values (nonzero, unique): run eagerly, not under jit.
+    data_dependent: bool = False
+    # Draws random numbers: the dispatcher provides a PRNG key through the context.
+    random: bool = False
+
+    def check(self, *args: Any, **kwargs: Any) -> str | None:
+        """None when this impl accepts the arguments, else the reason it refuses."""
+        if self.supports is None:
+            return None
+        try:
+            verdict = self.supports(*args, **kwargs)
+        except Exception as exc:  # a predicate that cannot judge refuses
+            return f"supports() raised {type(exc).__name__}: {exc}"
+        if verdict is True or verdict is None:
+            return None
+        if verdict is False:
+            return "supports() returned False"
+        return str(verdict)
+
+    def __repr__(self) -> str:
+        return f"<Impl {self.kind}:{self.name} for {self.op}>"
+
+
+class _Enablement:
+    """Process-wide switches (the autograd engine runs backward ops on its own thread)."""
+
+    def __init__(self) -> None:
+        self.disabled: frozenset[str] = frozenset(
+            k.strip() for k in os.environ.get("TPU_KERNELS_DISABLE", "").split(",") if k.strip())
+        only = os.environ.get("TPU_KERNELS_ONLY", "").strip()
+        if only:
+            self.disabled = frozenset(k for k in KINDS if k not in only.split(","))
+        self.forced: dict[Any, Impl] = {}
+        # Pallas and Helion kernels run off TPU (in interpret mode) only when asked.
+        self.interpret = os.environ.get("TPU_KERNELS_INTERPRET", "") not in ("", "0")
+
+
+class Registry:
+    """The table of impls, and the questions the rest of the system asks of it."""
+
+    def __init__(self) -> None:
+        self._table: dict[Any, list[Impl]] = {}
+        self._lock = threading.RLock()
+        self._state = _Enablement()
+        self.epoch = 0  # bumped on every change; part of every dispatch cache key
+        self._static_cache: dict[Any, tuple[str, ...]] = {}
+
+    # -- building the table -------------------------------------------------
+    def add(self, impl: Impl) -> Impl:
+        with self._lock:
+            impls = self._table.setdefault(impl.op, [])
+            impls.append(impl)
+            impls.sort(key=lambda i: -i.priority)
+            self.epoch += 1
+        return impl
+
+    def remove(self, impl: Impl) -> None:
+        with self._lock:
+            self._table.get(impl.op, []).remove(impl)
+            self.epoch += 1
+
+    # -- questions -----------------------------------------------------------
+    def impls(self, op: Any) -> list[Impl]:
+        """Every impl of ``op``, highest priority first."""
+        return list(self._table.get(op, ()))
+
+    def ops(self) -> list[Any]:
+        return [op for op, impls in self._table.items() if impls]
+
+    def has(self, op: Any) -> bool:
+        return bool(self._table.get(op))
+
+    def disabled(self, kind: str) -> bool:
+        return kind in self._state.disabled
+
+    def static_names(self, op: Any) -> tuple[str, ...]:
+        """Scalar args of ``op`` that some impl needs as Python values at trace time."""
+        key = (op, self.epoch)
+        hit = self._static_cache.get(key)
+        if hit is None:
+            hit = tuple(sorted({n for i in self._table.get(op, ()) for n in i.static}))
+            self._static_cache[key] = hit
+        return hit
+
+    def enabled(self, impl: Impl) -> str | None:
+        """None when ``impl``'s kind may run now, else why not."""
+        st = self._state
+        if impl.kind in st.disabled:
+            return f"kind {impl.kind!r} disabled"
+        if impl.kind in KERNEL_KINDS and not st.interpret:
+            from tpu_kernels.pallas.tpu_info import on_tpu
+            if not on_tpu():
+                return "no TPU: kernels run off TPU only in interpret mode (TPU_KERNELS_INTERPRET=1)"
+        return None
+
+    def resolve(self, op: Any, args: tuple, kwargs: dict) -> tuple[Impl | None, list[tuple[Impl, str]]]:
+        """The impl that runs for these arguments, and each skipped impl with its reason.
+
+        ``args``/``kwargs`` are what ``supports`` predicates see: tensors with real
+        shapes and dtypes (meta tensors on the dispatch path).
+        """
+        forced = self._state.forced.get(op)
+        if forced is not None:
+            return forced, []
+        skipped: list[tuple[Impl, str]] = []
+        for impl in self._table.get(op, ()):
+            reason = self.enabled(impl) or impl.check(*args, **kwargs)
+            if reason is None:
+                return impl, skipped
+            skipped.append((impl, reason))
+        return None, skipped
+
+    # -- forcing kinds and impls (tests, benchmarks, A/B) ---------------------
+    @contextlib.contextmanager
+    def disable(self, *kinds: str) -> Iterator[None]:
+        """Within the block, impls of ``kinds`` never run (``disable("pallas", "helion")``)."""
+        _check_kinds(kinds)
+        st, old = self._state, self._state.disabled
+        st.disabled = old | frozenset(kinds)
+        self.epoch += 1
+        try:
+            yield
+        finally:
+            st.disabled = old
+            self.epoch += 1
+
+    @contextlib.contextmanager
+    def only(self, *kinds: str) -> Iterator[None]:
+        """Within the block, only impls of ``kinds`` run (``only("xla")``)."""
+        _check_kinds(kinds)
+        with self.disable(*(k for k in KINDS if k not in kinds)):
+            yield
+
+    @contextlib.contextmanager
+    def force(self, impl: Impl, interpret: bool = True) -> Iterator[None]:
+        """Within the block, ``impl`` runs for its op whatever the arguments."""
+        st = self._state
+        old, old_interp = st.forced.get(impl.op), st.interpret
+        st.forced[impl.op] = impl
+        st.interpret = st.interpret or interpret
+        self.epoch += 1
+        try:
+            yield
+        finally:
+            if old is None:
+                st.forced.pop(impl.op, None)
+            else:
+                st.forced[impl.op] = old
+            st.interpret = old_interp
+            self.epoch += 1
+
+    @contextlib.contextmanager
+    def interpret(self, on: bool = True) -> Iterator[None]:
+        """Let Pallas/Helion kernels run off TPU, in interpret mode (slow; for tests)."""
+        st, old = self._state, self._state.interpret
+        st.interpret = on
+        self.epoch += 1
+        try:
+            yield
+        finally:
+            st.interpret = old
+            self.epoch += 1
+
+
+def _check_kinds(kinds: tuple[str, ...]) -> None:
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown impl kind(s) {bad}; known kinds: {list(KINDS)}")
+
+
+REGISTRY = Registry()
+
+
+def lookup_op(name: str | Any) -> Any:
+    """``"aten::add.Tensor"``, ``"aten.add.Tensor"``, ``"aten::add"`` or an OpOverload(Packet)."""
+    if not isinstance(name, str):
+        return name
+    ns, _, rest = name.replace("::", ".").partition(".")
+    base, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), base)
+    except (AttributeError, RuntimeError) as exc:
+        raise ValueError(f"unknown op {name!r}: torch.ops.{ns}.{base} does not exist") from exc
+    if not overload:
+        return packet
+    try:
+        return getattr(packet, overload)
+    except AttributeError as exc:
+        raise ValueError(f"unknown overload {name!r}; {ns}::{base} has {packet.overloads()}") from exc

@@ -1,0 +1,86 @@
+"""Helpers shared by the XLA lowerings: torch's type promotion and dtype rules in jax."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_kernels.registry.context import out_dtype
+from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
+
+
+def is_weak(x: Any) -> bool:
+    """A Python scalar (traced as a weakly-typed value) rather than a tensor."""
+    if isinstance(x, (bool, int, float, complex)):
+        return True
+    aval = getattr(x, "aval", None)
+    return bool(getattr(aval, "weak_type", False))
+
+
+def _meta_operand(x: Any) -> Any:
+    if is_weak(x):
+        kind = np.dtype(x.dtype).kind if hasattr(x, "dtype") else type(x).__name__[0]
+        return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}.get(kind, 1.0)
+    return torch.empty(tuple(x.shape), dtype=to_torch_dtype(x.dtype), device="meta")
+
+
+def result_type(*xs: Any) -> np.dtype:
+    """torch.result_type over jax operands (tensors, 0-d tensors, Python scalars)."""
+    ops = [_meta_operand(x) for x in xs if x is not None]
+    # torch.result_type is binary: fold dimensioned tensors, then 0-d tensors, then scalars
+    tensors = sorted((o for o in ops if isinstance(o, torch.Tensor)), key=lambda t: t.dim() == 0)
+    scalars = [o for o in ops if not isinstance(o, torch.Tensor)]
+    if tensors:
+        acc = tensors[0]
+    else:
+        acc, scalars = torch.empty((), dtype=_scalar_dtype(scalars[0]), device="meta"), scalars[1:]
+    for o in tensors[1:] + scalars:
+        acc = torch.empty(acc.shape, dtype=torch.result_type(acc, o), device="meta")
+    return to_jax_dtype(acc.dtype)
+
+
+def _scalar_dtype(s: Any) -> torch.dtype:
+    if isinstance(s, bool):
+        return torch.bool
+    if isinstance(s, int):
+        return torch.int64
+    if isinstance(s, complex):
+        return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
+    return torch.get_default_dtype()
+
+
+def as_dtype(x: Any, dtype) -> jax.Array:
+    """``x`` (array or Python scalar) as an array of ``dtype``."""
+    return jnp.asarray(x, dtype=dtype) if not hasattr(x, "astype") else x.astype(dtype)
+
+
+def compute_dtype(*xs: Any) -> np.dtype:
+    """The dtype torch computes a binary op in: the promoted type of its operands."""
+    return result_type(*xs)
+
+
+def out(x: jax.Array, i: int = 0) -> jax.Array:
+    """Cast ``x`` to the dtype torch gives output ``i``."""
+    return x.astype(out_dtype(i))
+
+
+def float_compute(dtype) -> np.dtype:
+    """Low-precision floats compute in float32 (as torch's CPU kernels do)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(jnp.float32) if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
+def canon_dims(dim: Any, ndim: int) -> tuple[int, ...]:
+    """Normalise ``dim`` (None, int, or list; negative allowed) to a sorted tuple."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(sorted(d % max(ndim, 1) for d in dim))
+
+
+def jdtype(dtype: torch.dtype | None) -> np.dtype | None:
+    return None if dtype is None else to_jax_dtype(dtype)

@@ -1,0 +1,81 @@
+"""The ``tpu`` device: PrivateUse1 renamed, a backend module at ``torch.tpu``, factories.
+
+After ``setup()``, ``torch.device("tpu")``, ``t.to("tpu")``, ``model.to("tpu")`` and
+``torch.zeros(3, device="tpu")`` work as on any device. Factory ops (no tensor inputs)
+reach the registry through PrivateUse1 kernels; every other op reaches the tpu tensor's
+``__torch_dispatch__``.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+import jax
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from tpu_kernels import random_state
+from tpu_kernels.registry import REGISTRY
+
+# Factory overloads routed to the registry for device="tpu" (others compose from these).
+FACTORIES = (
+    "empty.memory_format", "empty_strided", "zeros", "ones", "full", "arange",
+    "arange.start", "arange.start_step", "scalar_tensor", "empty_permuted", "eye",
+    "eye.m", "linspace", "logspace", "rand", "randn", "randint", "randint.low",
+    "randperm", "tril_indices", "triu_indices", "normal.float_float",
+)
+
+
+def synchronize(device=None) -> None:
+    """Wait for every queued computation on the device (and raise deferred device errors)."""
+    for a in jax.live_arrays():
+        a.block_until_ready()
+    from tpu_kernels import errors
+    errors.raise_pending()
+
+
+def _backend_module() -> types.ModuleType:
+    m = types.ModuleType("torch.tpu")
+    m.is_available = lambda: True
+    m.is_initialized = lambda: True
+    m._is_in_bad_fork = lambda: False
+    m.device_count = lambda: 1
+    m.current_device = lambda: 0
+    m.set_device = lambda device: None
+    m.synchronize = synchronize
+    m.manual_seed = random_state.manual_seed
+    m.manual_seed_all = random_state.manual_seed
+    m.seed = lambda: random_state.manual_seed(torch.initial_seed())
+    m.seed_all = m.seed
+    m.initial_seed = random_state.initial_seed
+    m.get_rng_state = lambda device=None: torch.tensor(random_state.get_state(), dtype=torch.int64)
+    m.set_rng_state = lambda state, device=None: random_state.set_state(tuple(state.tolist()))
+    m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    m.is_bf16_supported = lambda including_emulation=True: True
+    m.jax_device = lambda: jax.devices()[0]
+    return m
+
+
+def _factory_kernel(op, *args, **kwargs):
+    from tpu_kernels import dispatch
+    return dispatch.run(op, args, kwargs)
+
+
+_done = False
+
+
+def setup() -> None:
+    """Idempotent: register the ``tpu`` backend with torch."""
+    global _done
+    if _done:
+        return
+    _done = True
+    jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
+    _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
+    lib = torch.library.Library("aten", "IMPL")
+    setup.lib = lib  # keep the registrations alive
+    for name in FACTORIES:
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        if REGISTRY.has(op):
+            lib.impl(name, functools.partial(_factory_kernel, op), "PrivateUse1")

@@ -1,0 +1,562 @@
+"""The hot path: an ATen call on tpu tensors -> registry impl -> cached jax.jit -> tensors.
+
+``run`` is the single seam where an op is executed. The first call with a given
+argument signature (op, static arguments, tensor shapes and dtypes) runs torch's meta
+function for the result's metadata (and torch's own error for bad arguments), resolves
+the impl, and builds a jitted function; every later call with that signature only
+unwraps, calls, and wraps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import warnings
+from typing import Any, Callable
+
+import jax
+import torch
+from torch._ops import OpOverload
+
+from tpu_kernels import random_state, strided
+from tpu_kernels.registry import REGISTRY, Impl
+from tpu_kernels.registry.context import Call, OutMeta, lowering
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.tensor import DEVICE, TpuTensor, read, to_jax, to_torch, wrap, write
+
+log = logging.getLogger("tpu_kernels.dispatch")
+aten = torch.ops.aten
+
+# schema argument kinds
+TENSOR, TENSOR_LIST, SCALAR, STATIC = "tensor", "tensor_list", "scalar", "static"
+_SCALAR_TYPES = {"number", "Optional[number]", "float", "Optional[float]"}
+
+
+class _Slot:
+    """Marks where a dynamic argument sits in a call's static template."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<slot>"
+
+
+SLOT = _Slot()
+
+
+# -- per-op schema analysis --------------------------------------------------------
+@dataclasses.dataclass
+class OpPlan:
+    op: OpOverload
+    pos_kinds: list[str]
+    kw_kinds: dict[str, str]
+    mutated: list[int]            # schema positions of args written in place
+    names: list[str]
+    alias_returns: list[int | None]   # for each return: the arg position it aliases
+    is_view: bool
+
+
+_PLANS: dict[Any, OpPlan] = {}
+
+
+def op_plan(op: OpOverload) -> OpPlan:
+    plan = _PLANS.get(op)
+    if plan is None:
+        plan = _PLANS[op] = _make_plan(op)
+    return plan
+
+
+def _arg_kind(arg) -> str:
+    t = str(arg.type)
+    if t in ("Tensor", "Optional[Tensor]"):
+        return TENSOR
+    if t in ("List[Tensor]", "List[Optional[Tensor]]", "Optional[List[Tensor]]"):
+        return TENSOR_LIST
+    if t in _SCALAR_TYPES:
+        return SCALAR
+    return STATIC
+
+
+def _make_plan(op: OpOverload) -> OpPlan:
+    schema = op._schema
+    args = schema.arguments
+    kinds = [_arg_kind(a) for a in args]
+    mutated = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    alias_returns: list[int | None] = []
+    for r in schema.returns:
+        hit = None
+        if r.alias_info is not None:
+            for i, a in enumerate(args):
+                if a.alias_info is not None and set(a.alias_info.before_set) & set(r.alias_info.before_set):
+                    hit = i
+                    break
+        alias_returns.append(hit)
+    return OpPlan(op, kinds, {a.name: k for a, k in zip(args, kinds)}, mutated,
+                  [a.name for a in args], alias_returns, bool(op.is_view))
+
+
+# -- signatures ------------------------------------------------------------------------
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, torch.Tensor):  # a tensor in a non-tensor slot (rare): key by identity
+        return ("tensor", id(v))
+    return v
+
+
+def _device_error(op, t: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:0 and {t.device}! (when checking arguments for {op})")
+
+
+class _Split:
+    """A call split into a hashable template and its dynamic leaves."""
+    __slots__ = ("leaves", "sig", "op", "static_scalars")
+
+    def __init__(self, op, static_scalars):
+        self.leaves: list[Any] = []
+        self.sig: list[Any] = []
+        self.op = op
+        self.static_scalars = static_scalars
+
+    def conv(self, kind: str, name: str, v: Any) -> Any:
+        if kind == TENSOR:
+            if v is None:
+                return None
+            if isinstance(v, TpuTensor):
+                self.leaves.append(v)
+                self.sig.append((v.shape, v.dtype))
+                return SLOT
+            if isinstance(v, torch.Tensor):
+                if v.dim() != 0 or v.device.type != "cpu":
+                    raise _device_error(self.op, v)
+                self.leaves.append(v)  # a CPU scalar tensor mixes like in torch
+                self.sig.append(("cpu0d", v.dtype))
+                return SLOT
+            return _freeze(v)
+        if kind == TENSOR_LIST:
+            return None if v is None else tuple(self.conv(TENSOR, name, x) for x in v)
+        if kind == SCALAR and type(v) in (int, float, bool) and name not in self.static_scalars:
+            self.leaves.append(v)
+            self.sig.append(type(v))
+            return SLOT
+        return _freeze(v)
+
+
+def _split(plan: OpPlan, args: tuple, kwargs: dict, static_scalars: tuple[str, ...] = ()) -> tuple[_Split, tuple, tuple]:
+    s = _Split(plan.op, static_scalars)
+    kinds, names = plan.pos_kinds, plan.names
+    targs = tuple(s.conv(kinds[i], names[i], a) for i, a in enumerate(args))
+    tkw = tuple((k, s.conv(plan.kw_kinds.get(k, STATIC), k, v)) for k, v in kwargs.items())
+    return s, targs, tkw
+
+
+def _fill(template: Any, it) -> Any:
+    if template is SLOT:
+        return next(it)
+    if type(template) is tuple:
+        return tuple(_fill(x, it) for x in template)
+    return template
+
+
+def _leaf_value(v: Any) -> Any:
+    if isinstance(v, TpuTensor):
+        return read(v)
+    if isinstance(v, torch.Tensor):
+        return to_jax(v)
+    return v
+
+
+# -- meta --------------------------------------------------------------------------------
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if isinstance(v, TpuTensor):
+            base = torch.empty(v._tpu_storage.numel, dtype=v.dtype, device="meta")
+            return base.as_strided(v.shape, v.stride(), v.storage_offset())
+        return v.to("meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("meta")
+    return v
+
+
+def meta_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
+
+
+def _out_metas(out: Any) -> list[OutMeta | None]:
+    flat: list[OutMeta | None] = []
+
+    def visit(x):
+        if isinstance(x, torch.Tensor):
+            flat.append(OutMeta(tuple(x.shape), x.dtype))
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        else:
+            flat.append(None)
+    visit(out)
+    return flat
+
+
+# -- cache entries -------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class Entry:
+    impl: Impl
+    fn: Callable[..., Any]      # jitted (or eager, for data-dependent impls)
+    plan: OpPlan
+    result_meta: Any            # torch meta result (structure of the returns)
+    write_dtypes: list          # for mutated args: torch dtype to write, per leaf
+    calls: int = 0
+    torch_fn: Callable[..., Any] | None = None   # decomposition / CPU fallback (torch land)
+
+
+_CACHE: dict[Any, Entry] = {}
+_CACHE_LOCK = threading.Lock()
+TRACES: dict[Any, int] = {}   # op -> number of times an impl was traced for it
+
+
+def _mode_token() -> tuple:
+    return (REGISTRY.epoch, torch.get_float32_matmul_precision())
+
+
+def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
+    special = _SPECIAL.get(op)
+    if special is not None:
+        return special(op, args, kwargs)
+    plan = op_plan(op)
+    if plan.is_view:
+        return _run_view(plan, args, kwargs)
+    return _run_registered(op, args, kwargs)
+
+
+def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    plan = op_plan(op)
+    split, targs, tkw = _split(plan, args, kwargs, REGISTRY.static_names(op))
+    key = (op, targs, tkw, tuple(split.sig), _mode_token())
+    entry = _CACHE.get(key)
+    if entry is None:
+        entry = _build(plan, args, kwargs, targs, tkw)
+        with _CACHE_LOCK:
+            _CACHE[key] = entry
+    entry.calls += 1
+    if entry.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
+        return entry.torch_fn(op, args, kwargs)
+    dyn = [_leaf_value(v) for v in split.leaves]
+    if entry.impl.random:
+        dyn.append(random_state.next_key_data())
+    out = entry.fn(*dyn)
+    return _finish(entry, args, kwargs, split, out)
+
+
+def _build(plan, args, kwargs, targs, tkw) -> Entry:
+    op = plan.op
+    margs, mkwargs = meta_args(args, kwargs)
+    impl, skipped = REGISTRY.resolve(op, margs, mkwargs)
+    derived_from = None
+    if impl is None and plan.mutated:
+        impl, derived_from = _derive_inplace(op, margs, mkwargs)
+    if impl is None:
+        kind, torch_fn = _fallback(op, skipped)
+        return Entry(Impl(op, torch_fn, kind, kind), None, plan, None, [], torch_fn=torch_fn)
+    if impl.data_dependent:
+        return Entry(impl, _eager_fn(impl, targs, tkw), plan, None, [])
+    result_meta = op(*margs, **mkwargs)   # torch's shape/dtype (and its error, if any)
+    outs = _out_metas(result_meta)
+    if derived_from is not None:
+        fmargs, fmkwargs = meta_args(args, kwargs)
+        func_outs = _out_metas(derived_from(*fmargs, **fmkwargs))
+    else:
+        func_outs = outs
+    write_dtypes = [_mutated_dtype(args, kwargs, plan, i) for i in plan.mutated]
+    fn = _jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
+    log.debug("%s -> %s (skipped: %s)", op, impl, [(i.name, r) for i, r in skipped])
+    return Entry(impl, fn, plan, result_meta, write_dtypes)
+
+
+def _mutated_dtype(args, kwargs, plan: OpPlan, i: int):
+    v = args[i] if i < len(args) else kwargs.get(plan.names[i])
+    if isinstance(v, (list, tuple)):
+        return [x.dtype if x is not None else None for x in v]
+    return v.dtype if v is not None else None
+
+
+def _jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes) -> Callable:
+    """The jitted function for one call signature: fills the template, lowers, casts."""
+    n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
+    expect = [m for m in outs] if not plan.mutated else None
+
+    def traced(*dyn):
+        TRACES[op] = TRACES.get(op, 0) + 1
+        key = None
+        if impl.random:
+            *dyn, kd = dyn
+            key = random_state.key_from_data(kd)
+        it = iter(dyn)
+        a = _fill(targs, it)
+        kw = dict((k, _fill(v, it)) for k, v in tkw)
+        with lowering(Call(tuple(func_outs), key)):
+            result = impl.fn(*a, **kw)
+        if plan.mutated:
+            return _cast_mutations(op, impl, result, write_dtypes, n_alias_free, outs)
+        return _cast_outputs(op, impl, result, expect)
+
+    return jax.jit(traced)
+
+
+def _flatten(x: Any) -> list:
+    if isinstance(x, (list, tuple)):
+        out = []
+        for y in x:
+            out.extend(_flatten(y))
+        return out
+    return [x]
+
+
+def _cast_outputs(op, impl, result, expect):
+    flat = _flatten(result)
+    if len(flat) != len(expect):
+        raise RuntimeError(f"{op}: impl {impl.name} ({impl.kind}) returned {len(flat)} outputs, torch expects {len(expect)}")
+    out = []
+    for r, m in zip(flat, expect):
+        if m is None or r is None:
+            out.append(r)
+            continue
+        if tuple(r.shape) != m.shape:
+            raise RuntimeError(
+                f"{op}: impl {impl.name} ({impl.kind}) returned shape {tuple(r.shape)}, torch's meta "
+                f"function says {m.shape}: this is a bug in the impl")
+        out.append(r.astype(to_jax_dtype(m.dtype)) if r.dtype != to_jax_dtype(m.dtype) else r)
+    return out
+
+
+def _cast_mutations(op, impl, result, write_dtypes, alias_free, outs):
+    """Impls of ops with mutated args return (*alias-free returns, *new values of mutated args)."""
+    flat = _flatten(result)
+    n_ret = len(alias_free)
+    rets = _cast_outputs(op, impl, flat[:n_ret], [outs[i] for i in alias_free]) if n_ret else []
+    muts = []
+    for v, dt in zip(flat[n_ret:], _flatten(write_dtypes)):
+        muts.append(None if v is None or dt is None else v.astype(to_jax_dtype(dt)))
+    return rets + muts
+
+
+def _eager_fn(impl: Impl, targs, tkw) -> Callable:
+    def call(*dyn):
+        it = iter(dyn)
+        a = _fill(targs, it)
+        kw = dict((k, _fill(v, it)) for k, v in tkw)
+        return impl.fn(*a, **kw)
+    return call
+
+
+# -- results ------------------------------------------------------------------------------------
+def _finish(entry: Entry, args, kwargs, split, out) -> Any:
+    plan = entry.plan
+    if entry.impl.data_dependent:
+        return _wrap_tree(out)
+    if not plan.mutated:
+        it = iter(out)
+        return _wrap_like(entry.result_meta, it)
+    alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
+    it = iter(out)
+    rets = [next(it) for _ in alias_free]
+    for i in plan.mutated:
+        target = args[i] if i < len(args) else kwargs.get(plan.names[i])
+        if isinstance(target, (list, tuple)):
+            for t in target:
+                v = next(it)
+                if t is not None and v is not None:
+                    write(t, v)
+        else:
+            v = next(it)
+            if target is not None and v is not None:
+                write(target, v)
+    return _returns(plan, args, kwargs, entry.result_meta, rets)
+
+
+def _returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:
+    """Rebuild the op's returns: aliased inputs as themselves, the rest wrapped."""
+    n = len(plan.alias_returns)
+    if n == 0:
+        return None
+    it = iter(rets)
+    metas = result_meta if n > 1 else (result_meta,)
+    out = []
+    for a, m in zip(plan.alias_returns, metas):
+        if a is not None:
+            out.append(args[a] if a < len(args) else kwargs.get(plan.names[a]))
+        else:
+            out.append(_wrap_like(m, it))
+    return tuple(out) if n > 1 else out[0]
+
+
+def _wrap_like(meta: Any, it) -> Any:
+    if isinstance(meta, torch.Tensor):
+        return wrap(next(it), meta.dtype)
+    if isinstance(meta, (list, tuple)):
+        return type(meta)(_wrap_like(m, it) for m in meta)
+    v = next(it)
+    return v.item() if hasattr(v, "item") else v
+
+
+def _wrap_tree(out: Any) -> Any:
+    if isinstance(out, (list, tuple)):
+        return type(out)(_wrap_tree(x) for x in out)
+    if isinstance(out, jax.Array):
+        return wrap(out)
+    return out
+
+
+# -- views ----------------------------------------------------------------------------------------
+_VIEW_CACHE: dict[Any, Any] = {}
+
+
+def _run_view(plan: OpPlan, args, kwargs) -> Any:
+    op = plan.op
+    base = args[0]
+    if not isinstance(base, TpuTensor):
+        raise _device_error(op, base)
+    key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
+           base.dtype, _freeze(list(args[1:])), _freeze(list(kwargs.items())))
+    metas = _VIEW_CACHE.get(key)
+    if metas is None:
+        margs, mkwargs = meta_args(args, kwargs)
+        metas = op(*margs, **mkwargs)
+        _VIEW_CACHE[key] = metas
+    if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
+        raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
+    return _view_like(base, metas)
+
+
+def _view_like(base: TpuTensor, m: Any) -> Any:
+    if isinstance(m, (list, tuple)):
+        return type(m)(_view_like(base, x) for x in m)
+    return TpuTensor(base._tpu_storage, m.shape, m.stride(), m.storage_offset(), m.dtype)
+
+
+# -- no impl: in-place derivation, decomposition, CPU fallback, or an error -----------------------------
+def _derive_inplace(op: OpOverload, margs, mkwargs) -> tuple[Impl | None, Any]:
+    """``add_`` runs ``add``'s impl and writes the result into ``self``."""
+    name = op._schema.name.split("::")[1]
+    if not name.endswith("_"):
+        return None, None
+    try:
+        functional = getattr(getattr(aten, name[:-1]), op._overloadname)
+    except AttributeError:
+        return None, None
+    impl, _ = REGISTRY.resolve(functional, margs, mkwargs)
+    return impl, (functional if impl is not None else None)
+
+
+_WARNED: set = set()
+
+
+def cpu_fallback_enabled() -> bool:
+    return os.environ.get("TPU_KERNELS_CPU_FALLBACK", "") not in ("", "0")
+
+
+def _fallback(op: OpOverload, skipped) -> tuple[str, Callable]:
+    from torch._decomp import decomposition_table
+    decomp = decomposition_table.get(op)
+    if decomp is not None and not REGISTRY.disabled("decomp"):
+        return "decomp", lambda op, args, kwargs: decomp(*args, **kwargs)
+    if cpu_fallback_enabled():
+        return "cpu", _run_on_cpu
+    why = "".join(f"\n  {i.kind}:{i.name} refused: {r}" for i, r in skipped)
+    raise NotImplementedError(
+        f"{op} has no implementation on the tpu device.{why}\n"
+        f"Set TPU_KERNELS_CPU_FALLBACK=1 to run it on the CPU (copying the tensors), or "
+        f"register an impl with @tpu_kernel(\"{op._schema.name}.{op._overloadname}\").")
+
+
+def _to_cpu_tree(v: Any) -> Any:
+    if isinstance(v, TpuTensor):
+        return to_torch(read(v), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu_tree(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    return v
+
+
+def _to_tpu_tree(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return wrap(to_jax(v), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_tpu_tree(x) for x in v)
+    return v
+
+
+def _run_on_cpu(op: OpOverload, args, kwargs) -> Any:
+    if op not in _WARNED:
+        _WARNED.add(op)
+        warnings.warn(f"tpu_kernels: {op} has no tpu implementation; running it on the CPU "
+                      f"(TPU_KERNELS_CPU_FALLBACK=1)", stacklevel=3)
+    cargs = [_to_cpu_tree(a) for a in args]
+    ckwargs = {k: _to_cpu_tree(v) for k, v in kwargs.items()}
+    out = op(*cargs, **ckwargs)
+    plan = op_plan(op)
+    for i in plan.mutated:  # write mutated CPU copies back
+        target = args[i] if i < len(args) else kwargs.get(plan.names[i])
+        src = cargs[i] if i < len(args) else ckwargs.get(plan.names[i])
+        for t, s in zip(_flatten(target), _flatten(src)):
+            if isinstance(t, TpuTensor):
+                write(t, to_jax(s))
+    if plan.mutated and all(a is not None for a in plan.alias_returns):
+        return _returns(plan, args, kwargs, None, [])
+    return _to_tpu_tree(out)
+
+
+# -- ops handled here, not through the registry ------------------------------------------------------
+def _local_scalar_dense(op, args, kwargs):
+    return read(args[0]).item()
+
+
+def _to_copy(op, args, kwargs):
+    x = args[0]
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        out = to_torch(read(x), x.dtype)
+        dtype = kwargs.get("dtype")
+        return out.to(dtype) if dtype is not None and dtype != out.dtype else out
+    kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    return _run_registered(op, args, kwargs)
+
+
+def _copy_(op, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, TpuTensor):        # tpu -> cpu
+        dst.copy_(to_torch(read(src), src.dtype))
+        return dst
+    if not isinstance(src, TpuTensor):        # cpu -> tpu
+        value = to_jax(src)
+        write(dst, value.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else value)
+        return dst
+    return _run_registered(op, args, kwargs)
+
+
+_SPECIAL: dict[Any, Callable] = {
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+}
+
+
+# -- introspection ---------------------------------------------------------------------------------------
+def op_counts() -> dict[tuple[str, str], int]:
+    """Calls per (op, impl kind) since start: what the demo's table shows."""
+    counts: dict[tuple[str, str], int] = {}
+    for (op, *_), e in list(_CACHE.items()):
+        k = (str(op), e.impl.kind)
+        counts[k] = counts.get(k, 0) + e.calls
+    return counts
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+    _VIEW_CACHE.clear()
+    TRACES.clear()

@@ -1,0 +1,50 @@
+"""The tpu device's random generator: a seed and a counter, folded into a JAX key per op.
+
+Each random op gets ``fold_in(key(seed), counter)`` with a fresh counter, passed to the
+jitted op as data so a new draw never retraces. ``torch.manual_seed`` resets both.
+"""
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+
+_lock = threading.Lock()
+_seed = 0
+_counter = 0
+
+
+def manual_seed(seed: int) -> None:
+    global _seed, _counter
+    with _lock:
+        _seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+        _counter = 0
+
+
+def initial_seed() -> int:
+    return _seed
+
+
+def get_state() -> tuple[int, int]:
+    return _seed, _counter
+
+
+def set_state(state: tuple[int, int]) -> None:
+    global _seed, _counter
+    with _lock:
+        _seed, _counter = int(state[0]), int(state[1])
+
+
+def next_key_data() -> np.ndarray:
+    """(seed low, seed high, counter) as uint32: the dynamic input of one random op."""
+    global _counter
+    with _lock:
+        _counter += 1
+        c = _counter
+    return np.array([_seed & 0xFFFF_FFFF, _seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
+
+
+def key_from_data(data: jax.Array) -> jax.Array:
+    key = jax.random.key(data[0])
+    return jax.random.fold_in(jax.random.fold_in(key, data[1]), data[2])

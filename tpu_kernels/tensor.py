@@ -1,0 +1,180 @@
+"""The tpu tensor: a torch wrapper subclass over a shared storage holding a jax.Array.
+
+Like torch, a tensor is (storage, sizes, strides, storage offset). Views share the
+storage; an in-place op writes into it and bumps its version, so every view sees the
+change. Values are read through ``strided.reader`` and cached per storage version.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_kernels import strided
+from tpu_kernels.registry.dtypes import to_jax_dtype
+
+DEVICE = torch.device("tpu", 0)
+
+
+class Storage:
+    """A mutable box for one jax array; views of one base share it."""
+    __slots__ = ("array", "version", "__weakref__")
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+        self.version = 0
+
+    @property
+    def numel(self) -> int:
+        return self.array.size
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the ``tpu`` device. Use ``t.jax()`` for its value as a jax.Array."""
+    _tpu_storage: Storage
+    _tpu_direct: bool          # the tensor is its storage's whole array, same shape
+    _tpu_cache: tuple[int, jax.Array] | None
+
+    @staticmethod
+    def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
+                dtype: torch.dtype | None = None, requires_grad: bool = False):
+        size = tuple(size)
+        stride = strided.contiguous_strides(size) if stride is None else tuple(stride)
+        dtype = dtype if dtype is not None else _torch_dtype_of(storage.array)
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+            requires_grad=requires_grad)
+        r._tpu_storage = storage
+        r._tpu_direct = (offset == 0 and size == tuple(storage.array.shape)
+                         and stride == strided.contiguous_strides(size))
+        r._tpu_cache = None
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return dispatch.run(func, args, kwargs or {})
+
+    def jax(self) -> jax.Array:
+        """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
+        return read(self)
+
+    def numpy(self, *, force: bool = False):  # noqa: D102
+        if force:
+            return self.cpu().numpy()
+        raise TypeError(
+            "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+            "tensor to host memory first.")
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from tpu_kernels.printing import tensor_repr
+        return tensor_repr(self)
+
+    __str__ = __repr__
+
+    def __reduce_ex__(self, proto):
+        return (_rebuild, (self.detach().cpu(), self.requires_grad))
+
+
+def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
+    t = cpu.to(DEVICE)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def _torch_dtype_of(array) -> torch.dtype:
+    from tpu_kernels.registry.dtypes import to_torch_dtype
+    return to_torch_dtype(array.dtype)
+
+
+def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
+    """A new tpu tensor owning ``array`` (contiguous)."""
+    return TpuTensor(Storage(array), array.shape, None, 0, dtype)
+
+
+def read(t: TpuTensor) -> jax.Array:
+    """The value of ``t``: its storage's array, or the view cut out of it."""
+    st = t._tpu_storage
+    if t._tpu_direct:
+        return st.array
+    cache = t._tpu_cache
+    if cache is not None and cache[0] == st.version:
+        return cache[1]
+    size = tuple(t.shape)
+    stride, offset = tuple(t.stride()), t.storage_offset()
+    if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
+        value = st.array.reshape(size)
+    else:
+        value = strided.reader(st.numel, size, stride, offset)(st.array)
+    value = _as_dtype_view(value, t.dtype)
+    t._tpu_cache = (st.version, value)
+    return value
+
+
+def write(t: TpuTensor, value: jax.Array) -> None:
+    """Write ``value`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
+    st = t._tpu_storage
+    size = tuple(t.shape)
+    store_dtype = st.array.dtype
+    if value.dtype != store_dtype:
+        value = _bitcast_or_cast(value, store_dtype, t.dtype)
+    if tuple(value.shape) != size:
+        value = jnp.broadcast_to(value, size)
+    if t._tpu_direct:
+        st.array = value
+    else:
+        stride, offset = tuple(t.stride()), t.storage_offset()
+        if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
+            st.array = value.reshape(st.array.shape)
+        else:
+            st.array = strided.writer(tuple(st.array.shape), size, stride, offset)(st.array, value)
+    st.version += 1
+    t._tpu_cache = None
+
+
+def _as_dtype_view(value: jax.Array, dtype: torch.dtype) -> jax.Array:
+    """A ``view(dtype)`` of equal item size reads the storage's bits as ``dtype``."""
+    want = to_jax_dtype(dtype)
+    if value.dtype == want:
+        return value
+    return jax.lax.bitcast_convert_type(value, want)
+
+
+def _bitcast_or_cast(value: jax.Array, store_dtype, view_dtype: torch.dtype) -> jax.Array:
+    if np.dtype(value.dtype) == to_jax_dtype(view_dtype) and np.dtype(store_dtype).itemsize == np.dtype(value.dtype).itemsize:
+        return jax.lax.bitcast_convert_type(value, store_dtype)
+    return value.astype(store_dtype)
+
+
+# -- host transfers ------------------------------------------------------------------
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """Copy a CPU torch tensor into a new jax array on JAX's default device."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        host = t.view(torch.int16).numpy().view(jnp.bfloat16)
+    else:
+        host = t.numpy()
+    return jax.device_put(np.array(host, copy=True))
+
+
+def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Copy a jax array into a new CPU torch tensor."""
+    host = np.array(a, copy=True)
+    if host.dtype == jnp.bfloat16:
+        out = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(host)
+    if dtype is not None and out.dtype != dtype:
+        out = out.view(dtype) if out.element_size() == torch.empty((), dtype=dtype).element_size() else out.to(dtype)
+    return out
+
+
+from tpu_kernels import dispatch  # noqa: E402  (dispatch needs the names above)

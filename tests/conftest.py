@@ -1,0 +1,36 @@
+"""Test configuration: Hypothesis profiles, the `thorough` marker, JAX on the CPU."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
+
+# The Hypothesis database lives outside the repo.
+_DB = DirectoryBasedExampleDatabase(os.path.expanduser("~/.cache/tpu_kernels/hypothesis"))
+settings.register_profile("ci", max_examples=8, derandomize=True, deadline=None, database=None,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile("dev", max_examples=25, deadline=None, database=_DB,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile("thorough", max_examples=300, deadline=None, database=_DB,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.load_profile(os.environ.get("TPU_KERNELS_HYPOTHESIS_PROFILE", "ci"))
+
+import tpu_kernels  # noqa: E402,F401  (sets the tpu device up)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--thorough", action="store_true", default=False,
+                     help="also run tests marked `thorough` (big shapes, long sweeps)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--thorough"):
+        return
+    skip = pytest.mark.skip(reason="thorough sweep: run with `make test-thorough`")
+    for item in items:
+        if "thorough" in item.keywords:
+            item.add_marker(skip)

@@ -41,3 +41,12 @@ def test_cross_entropy_counts():
     assert b.bytes(c) == 2 * (40 + 1) + 8 * 4
     (logits, target), kw = b.make_args(case(n=3, vocab=7))
     assert logits.shape == (3, 7) and target.dtype == torch.int64 and kw["reduction"] == "mean"
+
+
+def test_embedding_counts():
+    fwd, bwd = _benches("embedding")
+    c = case(n=3, vocab=10, dim=4, dtype=torch.bfloat16)
+    assert fwd.flops(c) == 0 and fwd.bytes(c) == 2 * (2 * 3 * 4) + 8 * 3
+    assert bwd.flops(c) == 12 and bwd.bytes(c) == 2 * (12 + 40) + 8 * 3
+    (grad, idx, num_weights, padding_idx, scale), _ = bwd.make_args(c)
+    assert grad.shape == (3, 4) and idx.max() < 10 and num_weights == 10 and padding_idx == -1

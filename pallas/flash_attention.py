@@ -234,7 +234,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, scale, c
     mask_ref = rest[0] if has_mask else None
     dk_ref, dv_ref, dk_sc, dv_sc = rest[1:] if has_mask else rest
     j, t = pl.program_id(2), pl.program_id(3)
-    i = jax.lax.rem(t, nq)                      # t walks (q head in group, q block)
+    i = _rem(t, nq)                             # t walks (q head in group, q block)
 
     @pl.when(t == 0)
     def _init():
@@ -261,6 +261,17 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, scale, c
 
 # --- BlockSpecs, grids, pallas_calls ---------------------------------------------------
 
+def _div(a, b: int):
+    """Truncating a / b for non-negative int32 grid indices (lax.div, not //: floor
+    division lowers through sign, which Mosaic resolves against the local device; the
+    constant is typed so it stays int32 under jax_enable_x64)."""
+    return jax.lax.div(a, jnp.asarray(b, a.dtype))
+
+
+def _rem(a, b: int):
+    return jax.lax.rem(a, jnp.asarray(b, a.dtype))
+
+
 def _params():
     return pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
@@ -277,12 +288,10 @@ def _mask_spec(mask, bq, bk, head_of, rows_of, cols_of):
 
 def _kv_block(causal, bq, bk):
     """kv block index to fetch at (q block i, step j): causal steps above the diagonal
-    repeat the last needed block, so the pipeline issues no new copy for them.
-    (lax.div/rem, not // and %: floor division lowers through sign, which Mosaic's
-    lowering resolves against the local device.)"""
+    repeat the last needed block, so the pipeline issues no new copy for them."""
     if not causal:
         return lambda i, j: j
-    return lambda i, j: jnp.minimum(j, jax.lax.div(i * bq + bq - 1, bk))
+    return lambda i, j: jnp.minimum(j, _div(i * bq + bq - 1, bk))
 
 
 def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret):
@@ -291,7 +300,8 @@ def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret
     bq, bk = blocks
     kvb = _kv_block(causal, bq, bk)
     qspec = pl.BlockSpec((None, None, bq, d), lambda b_, h, i, j: (b_, h, i, 0))
-    kvspec = pl.BlockSpec((None, None, bk, d), lambda b_, h, i, j: (b_, jax.lax.div(h, rep), kvb(i, j), 0))
+    kvspec = pl.BlockSpec((None, None, bk, d),
+                          lambda b_, h, i, j: (b_, _div(h, rep), kvb(i, j), 0))
     stat = pl.BlockSpec((None, None, bq, LANES), lambda b_, h, i, j: (b_, h, i, 0))
     in_specs, args = [qspec, kvspec, kvspec], [q, k, v]
     if mask is not None:
@@ -322,7 +332,8 @@ def _dq_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, preci
     bq, bk = blocks
     kvb = _kv_block(causal, bq, bk)
     qspec = pl.BlockSpec((None, None, bq, d), lambda b_, h, i, j: (b_, h, i, 0))
-    kvspec = pl.BlockSpec((None, None, bk, d), lambda b_, h, i, j: (b_, jax.lax.div(h, rep), kvb(i, j), 0))
+    kvspec = pl.BlockSpec((None, None, bk, d),
+                          lambda b_, h, i, j: (b_, _div(h, rep), kvb(i, j), 0))
     stat = pl.BlockSpec((None, None, bq, LANES), lambda b_, h, i, j: (b_, h, i, 0))
     in_specs, args = [qspec, kvspec, kvspec, qspec, stat, stat], [q, k, v, do, lse, delta]
     if mask is not None:
@@ -352,11 +363,11 @@ def _dkv_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, prec
     nq = sqp // bq
 
     def head(g, j, t):              # q head of step t in kv head g's group
-        return g * rep + jax.lax.div(t, nq)
+        return g * rep + _div(t, nq)
 
     def qblk(g, j, t):              # causal: skip-steps below the first needed q block
-        i = jax.lax.rem(t, nq)
-        return jnp.minimum(jnp.maximum(i, jax.lax.div(j * bk, bq)), nq - 1) if causal else i
+        i = _rem(t, nq)
+        return jnp.minimum(jnp.maximum(i, _div(j * bk, bq)), nq - 1) if causal else i
 
     qspec = pl.BlockSpec((None, None, bq, d),
                          lambda b_, g, j, t: (b_, head(g, j, t), qblk(g, j, t), 0))

@@ -453,6 +453,7 @@ def _derive_inplace(op: OpOverload, margs, mkwargs) -> tuple[Impl | None, Any]:
 
 
 _WARNED: set = set()
+_DECOMPOSING = threading.local()
 
 
 def cpu_fallback_enabled() -> bool:
@@ -463,7 +464,18 @@ def _fallback(op: OpOverload, skipped) -> tuple[str, Callable]:
     from torch._decomp import decomposition_table
     decomp = decomposition_table.get(op)
     if decomp is not None and not REGISTRY.disabled("decomp"):
-        return "decomp", lambda op, args, kwargs: decomp(*args, **kwargs)
+        def run_decomposition(op, args, kwargs):
+            active = _DECOMPOSING.__dict__.setdefault("ops", set())
+            if op in active:  # the decomposition calls the op itself: no way down
+                raise NotImplementedError(f"{op} has no tpu impl and its decomposition recurses into itself")
+            active.add(op)
+            try:
+                return decomp(*args, **kwargs)
+            except NotImplementedError as exc:
+                raise NotImplementedError(f"{op} has no tpu impl and its decomposition failed: {exc}") from exc
+            finally:
+                active.discard(op)
+        return "decomp", run_decomposition
     if cpu_fallback_enabled():
         return "cpu", _run_on_cpu
     why = "".join(f"\n  {i.kind}:{i.name} refused: {r}" for i, r in skipped)

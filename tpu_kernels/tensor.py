@@ -70,6 +70,9 @@ class TpuTensor(torch.Tensor):
             "can't convert tpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
             "tensor to host memory first.")
 
+    def tolist(self):  # noqa: D102  (torch refuses tolist on subclasses)
+        return self.cpu().tolist()
+
     def __repr__(self, *, tensor_contents=None) -> str:
         from tpu_kernels.printing import tensor_repr
         return tensor_repr(self)

@@ -1,0 +1,98 @@
+"""The tpu device behaves like any torch device: factories, transfers, printing, seeds."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import tpu_kernels
+from helpers import assert_same
+
+
+def test_device_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.synchronize()
+    assert torch.device("tpu").type == "tpu"
+
+
+@pytest.mark.parametrize("factory", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(4, device=d, dtype=torch.int32),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.arange(10, device=d),
+    lambda d: torch.arange(1.0, 3.0, 0.25, device=d),
+    lambda d: torch.empty(0, 3, device=d).shape,
+    lambda d: torch.zeros_like(torch.ones(3, device=d), dtype=torch.bfloat16),
+    lambda d: torch.ones_like(torch.ones(3, device=d)),
+    lambda d: torch.full_like(torch.ones(2, device=d), 3),
+])
+def test_factories(factory):
+    expected = factory("cpu")
+    got = factory("tpu")
+    if isinstance(got, torch.Tensor):
+        assert got.device.type == "tpu"
+    assert_same(expected, got)
+
+
+def test_transfers_and_dtypes():
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    assert t.device == torch.device("tpu", 0) and type(t) is tpu_kernels.TpuTensor
+    assert torch.equal(t.cpu(), x)
+    b = x.to("tpu", dtype=torch.bfloat16)
+    assert b.dtype == torch.bfloat16 and torch.equal(b.cpu(), x.to(torch.bfloat16))
+    for dt in (torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8, torch.float64):
+        assert torch.equal(x.to(dt).to("tpu").cpu(), x.to(dt)), dt
+    assert torch.equal(t.to(torch.int32).cpu(), x.to(torch.int32))
+
+
+def test_item_tolist_print():
+    t = torch.tensor([[1.5, 2.0], [3.0, -4.0]]).to("tpu")
+    assert t[1, 1].item() == -4.0
+    assert t.tolist() == [[1.5, 2.0], [3.0, -4.0]]
+    s = repr(t)
+    assert "device='tpu:0'" in s and "1.5000" in s
+    assert "dtype=torch.bfloat16" in repr(t.to(torch.bfloat16))
+    assert "requires_grad=True" in repr(t.clone().requires_grad_())
+    assert str(torch.tensor(3).to("tpu")) == "tensor(3, device='tpu:0')"
+
+
+def test_numpy_refuses_with_hint():
+    with pytest.raises(TypeError, match=r"\.cpu\(\)"):
+        torch.ones(2, device="tpu").numpy()
+
+
+def test_mixing_devices_raises_like_torch():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(2, device="tpu") + torch.ones(2)
+    # CPU scalar tensors mix, as with CUDA
+    assert_same(torch.ones(2) + torch.tensor(1.0), torch.ones(2, device="tpu") + torch.tensor(1.0))
+
+
+def test_copy_between_devices():
+    t = torch.zeros(2, 3, device="tpu")
+    t.copy_(torch.arange(6.0).reshape(2, 3))
+    assert t.cpu().tolist() == [[0, 1, 2], [3, 4, 5]]
+    c = torch.empty(2, 3)
+    c.copy_(t)
+    assert c.tolist() == [[0, 1, 2], [3, 4, 5]]
+    t[0].copy_(torch.tensor([9.0, 9.0, 9.0]))
+    assert t.cpu()[0].tolist() == [9, 9, 9]
+
+
+def test_seed_reproducible():
+    torch.manual_seed(123)
+    a = torch.randn(100, device="tpu").cpu()
+    torch.manual_seed(123)
+    b = torch.randn(100, device="tpu").cpu()
+    c = torch.randn(100, device="tpu").cpu()
+    assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_pickle_roundtrip():
+    t = torch.arange(4.0).to("tpu")
+    u = pickle.loads(pickle.dumps(t))
+    assert u.device.type == "tpu" and torch.equal(u.cpu(), t.cpu())

@@ -50,3 +50,13 @@ def test_embedding_counts():
     assert bwd.flops(c) == 12 and bwd.bytes(c) == 2 * (12 + 40) + 8 * 3
     (grad, idx, num_weights, padding_idx, scale), _ = bwd.make_args(c)
     assert grad.shape == (3, 4) and idx.max() < 10 and num_weights == 10 and padding_idx == -1
+
+
+def test_fused_adam_counts():
+    (b,) = _benches("fused_adam")
+    c = case(tensors=2, numel=5, dtype=torch.bfloat16)
+    assert b.flops(c) == 15 * 10
+    assert b.bytes(c) == 2 * 7 * 10 + 4 * 2
+    (p, g, m, v, vmax, steps), kw = b.make_args(c)
+    assert len(p) == 2 and p[0].shape == (5,) and vmax == [] and steps[0].dtype == torch.float32
+    assert kw["amsgrad"] is False and kw["lr"] == 1e-3

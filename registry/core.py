@@ -91,7 +91,9 @@ class Registry:
 
     def remove(self, impl: Impl) -> None:
         with self._lock:
-            self._table.get(impl.op, []).remove(impl)
+            impls = self._table.get(impl.op, [])
+            if impl in impls:
+                impls.remove(impl)
             self.epoch += 1
 
     # -- questions -----------------------------------------------------------

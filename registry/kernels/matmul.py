@@ -1,0 +1,29 @@
+"""Pallas tiled matmul bound to mm, addmm and bmm (``linear``/``matmul`` reach these)."""
+from __future__ import annotations
+
+from tpu_kernels.pallas import matmul as kernel
+from tpu_kernels.registry.decorator import tpu_kernel
+from tpu_kernels.registry.kernels._bind import jdt, matmul_precision
+
+
+def _mm_supports(a, b):
+    return kernel.supports(a.shape, jdt(a), b.shape, jdt(b))
+
+
+@tpu_kernel("aten::mm", kind="pallas", supports=_mm_supports)
+def mm(a, b):
+    return kernel.matmul(a, b, precision=matmul_precision())
+
+
+def _addmm_supports(bias, a, b, beta=1, alpha=1):
+    return kernel.supports(a.shape, jdt(a), b.shape, jdt(b), bias.shape, jdt(bias))
+
+
+@tpu_kernel("aten::addmm", kind="pallas", supports=_addmm_supports, static=("beta", "alpha"))
+def addmm(bias, a, b, beta=1, alpha=1):
+    return kernel.matmul(a, b, bias, beta=beta, alpha=alpha, precision=matmul_precision())
+
+
+@tpu_kernel("aten::bmm", kind="pallas", supports=_mm_supports)
+def bmm(a, b):
+    return kernel.bmm(a, b, precision=matmul_precision())

@@ -1,0 +1,125 @@
+"""Convolution lowerings: convolution (1d/2d/3d, transposed, groups), its backward, im2col/col2im."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import float_compute
+
+_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
+              "medium": lax.Precision.DEFAULT}
+
+
+def _precision() -> lax.Precision:
+    # part of the dispatch cache key, so a change of setting retraces
+    return _PRECISION[torch.get_float32_matmul_precision()]
+
+
+def _transposed_weight(w: jax.Array, groups: int) -> jax.Array:
+    """(C_in, C_out/g, *k) of a transposed conv -> (C_out, C_in/g, *k) of the equivalent conv, flipped."""
+    cin, cout_g, *k = w.shape
+    w = w.reshape(groups, cin // groups, cout_g, *k).swapaxes(1, 2)
+    w = w.reshape(groups * cout_g, cin // groups, *k)
+    return jnp.flip(w, axis=tuple(range(2, w.ndim)))
+
+
+def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence[int],
+            dilation: Sequence[int], transposed: bool, output_padding: Sequence[int],
+            groups: int) -> jax.Array:
+    """torch's convolution (no bias) on NC* / OI* layouts; half types accumulate in float32."""
+    nd = x.ndim - 2
+    stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
+    acc = float_compute(x.dtype)
+    kw = dict(feature_group_count=groups, precision=_precision(),
+              preferred_element_type=acc if acc != x.dtype else None)
+    if not transposed:
+        return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding],
+                                        rhs_dilation=dilation, **kw)
+    output_padding = _expand(output_padding, nd)
+    k = w.shape[2:]
+    # a transposed conv is the input-gradient of a conv: dilate the input by the stride
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(x, _transposed_weight(w, groups), (1,) * nd, pads,
+                                    lhs_dilation=stride, rhs_dilation=dilation, **kw)
+
+
+def _expand(v: Sequence[int], nd: int) -> tuple[int, ...]:
+    v = tuple(v)
+    return v * nd if len(v) == 1 else v
+
+
+def _bias_shape(nd: int) -> tuple[int, ...]:
+    return (1, -1) + (1,) * nd
+
+
+@xla("aten::convolution")
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    y = conv_nd(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        y = y + bias.astype(y.dtype).reshape(_bias_shape(y.ndim - 2))
+    return y.astype(out_dtype())
+
+
+@xla("aten::convolution_backward")
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask):
+    def f(x, w):
+        return conv_nd(x, w, stride, padding, dilation, transposed, output_padding, groups)
+
+    y, vjp = jax.vjp(f, input, weight)
+    gx, gw = vjp(grad_output.astype(y.dtype))
+    gb = None
+    if output_mask[2]:
+        acc = float_compute(grad_output.dtype)
+        gb = grad_output.astype(acc).sum(axis=(0, *range(2, grad_output.ndim)))
+    return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
+
+
+# -- im2col / col2im ------------------------------------------------------------------------
+def _batched(fn, batched_ndim: int):
+    """Run ``fn`` on a batched input, adding/removing torch's optional batch dim."""
+    def lower(x):
+        batched = x.ndim == batched_ndim
+        y = fn(x if batched else x[None])
+        return (y if batched else y[0]).astype(out_dtype())
+    return lower
+
+
+def _patches_exact(x, kernel_size, dilation, padding, stride):
+    # conv_general_dilated_patches multiplies by one-hot filters; gather instead so values
+    # (inf/nan, ints) pass through exactly
+    n, c, h, w = x.shape
+    kh, kw = kernel_size
+    xp = jnp.pad(x, [(0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2])
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ih = (np.arange(oh) * stride[0])[None, :] + (np.arange(kh) * dilation[0])[:, None]  # (kh, oh)
+    iw = (np.arange(ow) * stride[1])[None, :] + (np.arange(kw) * dilation[1])[:, None]  # (kw, ow)
+    cols = xp[:, :, ih[:, None, :, None], iw[None, :, None, :]]   # (n, c, kh, kw, oh, ow)
+    return cols.reshape(n, c * kh * kw, oh * ow)
+
+
+@xla("aten::im2col")
+def im2col(self, kernel_size, dilation, padding, stride):
+    return _batched(lambda x: _patches_exact(x, kernel_size, dilation, padding, stride), 4)(self)
+
+
+@xla("aten::col2im")
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    def fold(cols):
+        n, ck = cols.shape[:2]
+        c = ck // (kernel_size[0] * kernel_size[1])
+        zeros = jnp.zeros((n, c, *output_size), cols.dtype)
+        _, vjp = jax.vjp(lambda x: _patches_exact(x, kernel_size, dilation, padding, stride), zeros)
+        return vjp(cols)[0]
+
+    acc = float_compute(self.dtype)
+    return _batched(fold, 3)(self.astype(acc))

@@ -1,0 +1,340 @@
+"""Indexing lowerings: gather/scatter families, advanced indexing, masks, embeddings.
+
+Out-of-range indices: XLA would clamp them silently. Until device-side error flags
+exist, every read here uses ``mode="fill"`` (out-of-range reads give 0) and every
+write ``mode="drop"`` (out-of-range writes are skipped), consistently. Negative indices
+wrap as in torch where torch allows them (advanced indexing, take, put).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import as_dtype, compute_dtype
+
+
+def _dim(d: int, ndim: int) -> int:
+    return d % max(ndim, 1)
+
+
+def _read(x: jax.Array, idx) -> jax.Array:
+    return x.at[idx].get(mode="fill", fill_value=0)
+
+
+def _along(index: jax.Array, dim: int) -> tuple:
+    """Full scatter/gather coordinates: ``index`` along ``dim``, positions elsewhere."""
+    return tuple(index if d == dim else lax.broadcasted_iota(jnp.int64, index.shape, d)
+                 for d in range(index.ndim))
+
+
+def _at_dim(ndim: int, dim: int, index) -> tuple:
+    return (slice(None),) * dim + (index,) + (slice(None),) * (ndim - dim - 1)
+
+
+def _as_1d(*xs):
+    return [x.reshape(1) if x is not None and hasattr(x, "ndim") and x.ndim == 0 else x for x in xs]
+
+
+# -- gather / scatter ------------------------------------------------------------------------
+@xla("aten::gather")
+def gather(self, dim, index, *, sparse_grad=False):
+    if self.ndim == 0:
+        self, index = _as_1d(self, index)
+    return _read(self, _along(index, _dim(dim, self.ndim))).reshape(out_shape())
+
+
+def _src_for(src, index: jax.Array, dtype) -> jax.Array:
+    """``src`` cut to ``index``'s shape (torch allows a larger src), or a broadcast scalar."""
+    if not hasattr(src, "ndim") or src.ndim == 0:
+        return jnp.broadcast_to(as_dtype(src, dtype), index.shape)
+    return src[tuple(slice(0, n) for n in index.shape)].astype(dtype)
+
+
+_REDUCE_AT = {"sum": "add", "add": "add", "prod": "multiply", "multiply": "multiply",
+              "amax": "max", "amin": "min", "mean": "add"}
+
+
+def _identity(reduce: str, dtype) -> jax.Array:
+    if reduce in ("amax", "amin"):
+        if jnp.issubdtype(dtype, jnp.floating):
+            v = -jnp.inf if reduce == "amax" else jnp.inf
+        elif dtype == jnp.bool_:
+            v = reduce == "amin"
+        else:
+            info = jnp.iinfo(dtype)
+            v = info.min if reduce == "amax" else info.max
+        return jnp.asarray(v, dtype)
+    return jnp.asarray(1 if reduce in ("prod", "multiply") else 0, dtype)
+
+
+def _scatter_reduce(self, coords: tuple, src, reduce: str, include_self: bool = True):
+    """``self`` with ``src`` reduced into ``coords`` (torch's scatter_reduce semantics)."""
+    base = self if include_self else self.at[coords].set(_identity(reduce, self.dtype), mode="drop")
+    out = getattr(base.at[coords], _REDUCE_AT[reduce])(src, mode="drop")
+    if reduce != "mean":
+        return out
+    count = jnp.zeros(self.shape, jnp.int64).at[coords].add(1, mode="drop")
+    count = count + (1 if include_self else 0)
+    if jnp.issubdtype(self.dtype, jnp.integer):
+        mean = jnp.floor_divide(out, jnp.maximum(count, 1).astype(self.dtype))
+    else:
+        mean = out / jnp.maximum(count, 1).astype(self.dtype)
+    return jnp.where(count > 0, mean, self).astype(self.dtype)
+
+
+@xla("aten::scatter.src", "aten::scatter.value", "aten::scatter_.src", "aten::scatter_.value")
+def scatter(self, dim, index, src):
+    # duplicate indices: torch leaves the winner undefined; XLA picks one
+    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
+    coords = _along(index, _dim(dim, x.ndim))
+    return x.at[coords].set(_src_for(src, index, x.dtype), mode="drop").reshape(self.shape)
+
+
+@xla("aten::scatter.reduce", "aten::scatter.value_reduce", "aten::scatter_.reduce",
+     "aten::scatter_.value_reduce")
+def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
+    coords = _along(index, _dim(dim, x.ndim))
+    return _scatter_reduce(x, coords, _src_for(src, index, x.dtype), reduce).reshape(self.shape)
+
+
+@xla("aten::scatter_add", "aten::scatter_add_")
+def scatter_add(self, dim, index, src):
+    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
+    coords = _along(index, _dim(dim, x.ndim))
+    return x.at[coords].add(_src_for(src, index, x.dtype), mode="drop").reshape(self.shape)
+
+
+@xla("aten::scatter_reduce.two", "aten::scatter_reduce_.two")
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
+    coords = _along(index, _dim(dim, x.ndim))
+    return _scatter_reduce(x, coords, _src_for(src, index, x.dtype), reduce,
+                           include_self).reshape(self.shape)
+
+
+# -- index_* along one dim -----------------------------------------------------------------------
+@xla("aten::index_select")
+def index_select(self, dim, index):
+    x = self.reshape(1) if self.ndim == 0 else self
+    return jnp.take(x, index.reshape(-1), axis=_dim(dim, x.ndim), mode="fill",
+                    fill_value=0).reshape(out_shape())
+
+
+def _index_dim_update(self, dim, index, source, how: str):
+    """``self.at[..., index, ...]`` along ``dim`` updated with ``source`` by ``how``."""
+    x = self.reshape(1) if self.ndim == 0 else self
+    dim = _dim(dim, x.ndim)
+    index = index.reshape(-1)
+    shape = x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]
+    src = jnp.broadcast_to(as_dtype(source, x.dtype), shape) if not hasattr(source, "ndim") \
+        or source.ndim == 0 else source.astype(x.dtype).reshape(shape)
+    return getattr(x.at[_at_dim(x.ndim, dim, index)], how)(src, mode="drop").reshape(self.shape)
+
+
+@xla("aten::index_add", "aten::index_add_")
+def index_add(self, dim, index, source, *, alpha=1):
+    src = source.astype(self.dtype) * as_dtype(alpha, self.dtype)
+    return _index_dim_update(self, dim, index, src, "add")
+
+
+@xla("aten::index_copy", "aten::index_copy_")
+def index_copy(self, dim, index, source):
+    return _index_dim_update(self, dim, index, source, "set")
+
+
+@xla("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor",
+     "aten::index_fill_.int_Scalar", "aten::index_fill_.int_Tensor")
+def index_fill(self, dim, index, value):
+    return _index_dim_update(self, dim, index, value, "set")
+
+
+@xla("aten::index_reduce", "aten::index_reduce_")
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    x = self.reshape(1) if self.ndim == 0 else self
+    src = source.reshape(x.shape[:0] + (-1,)) if source.ndim == 0 else source
+    dim = _dim(dim, x.ndim)
+    shape = [1] * src.ndim
+    shape[dim] = -1
+    full = jnp.broadcast_to(index.reshape(shape), src.shape)
+    out = _scatter_reduce(x, _along(full, dim), src.astype(x.dtype), reduce, include_self)
+    return out.reshape(self.shape)
+
+
+# -- advanced indexing ---------------------------------------------------------------------------
+def _is_mask(ix) -> bool:
+    return ix is not None and ix.dtype in (jnp.bool_, jnp.uint8)
+
+
+def _no_mask(self, indices, *args, **kwargs):
+    """supports(): masks make the result shape data-dependent (the eager impl takes them)."""
+    return "boolean mask index (data-dependent shape)" if any(
+        i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices) else True
+
+
+def _coords(indices) -> tuple:
+    """torch's ``Tensor?[]`` indices as a numpy-style index tuple (None skips a dim)."""
+    return tuple(slice(None) if ix is None else ix for ix in indices)
+
+
+@xla("aten::index.Tensor", "aten::_unsafe_index.Tensor", supports=_no_mask)
+def index(self, indices):
+    return _read(self, _coords(indices))
+
+
+@xla("aten::index.Tensor", "aten::_unsafe_index.Tensor", data_dependent=True, name="index_mask")
+def index_mask(self, indices):
+    """Boolean masks make the shape data-dependent: run eagerly, masks -> nonzero."""
+    out = []
+    for ix in indices:
+        out.extend(jnp.nonzero(ix) if _is_mask(ix) else [ix])
+    return _read(self, _coords(out))
+
+
+def _static_mask_coords(self_shape, indices, values):
+    """Masks as padded nonzero coordinates (jittable), and ``values`` padded to match.
+
+    A mask with P elements becomes P coordinates: its true positions first, then an
+    out-of-range fill that ``mode="drop"`` discards. ``values`` given per selected
+    element (count k) is zero-padded to P along the selected axis.
+    """
+    coords, padded, d = [], None, 0
+    for ix in indices:
+        if _is_mask(ix):
+            fill = max(self_shape[d:d + ix.ndim] or (1,))
+            coords.extend(jnp.nonzero(ix, size=ix.size, fill_value=fill))
+            padded = ix.size
+            d += ix.ndim
+        else:
+            coords.append(slice(None) if ix is None else ix)
+            d += 1
+    if padded is None or not hasattr(values, "ndim"):
+        return tuple(coords), values
+    adv = [i for i, c in enumerate(coords) if not isinstance(c, slice)]
+    pos = adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0
+    bshape = jnp.broadcast_shapes(*(coords[i].shape for i in adv))
+    rest = [self_shape[i] for i, c in enumerate(coords) if isinstance(c, slice)]
+    result_ndim = len(rest) + len(bshape)
+    axis = pos + len(bshape) - 1 - (result_ndim - values.ndim)
+    if len(bshape) == 1 and 0 <= axis < values.ndim and values.shape[axis] not in (1, padded):
+        pad = [(0, 0)] * values.ndim
+        pad[axis] = (0, padded - values.shape[axis])
+        values = jnp.pad(values, pad)
+    return tuple(coords), values
+
+
+@xla("aten::index_put", "aten::index_put_", "aten::_unsafe_index_put")
+def index_put(self, indices, values, accumulate=False):
+    # without accumulate, duplicate indices leave the winner undefined (as in torch)
+    coords, values = _static_mask_coords(self.shape, indices, values.astype(self.dtype))
+    ref = self.at[coords]
+    return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
+
+
+@xla("aten::_unsafe_masked_index")
+def unsafe_masked_index(self, mask, indices, fill):
+    return jnp.where(mask, _read(self, _coords(indices)), as_dtype(fill, self.dtype))
+
+
+@xla("aten::_unsafe_masked_index_put_accumulate")
+def unsafe_masked_index_put_accumulate(self, mask, indices, values):
+    vals = jnp.where(mask, values.astype(self.dtype), jnp.zeros((), self.dtype))
+    return self.at[_coords(indices)].add(vals, mode="drop")
+
+
+@xla("aten::take")
+def take(self, index):
+    return _read(self.reshape(-1), index)
+
+
+@xla("aten::put", "aten::put_")
+def put(self, index, source, accumulate=False):
+    ref = self.reshape(-1).at[index.reshape(-1)]
+    src = source.reshape(-1).astype(self.dtype)
+    flat = ref.add(src, mode="drop") if accumulate else ref.set(src, mode="drop")
+    return flat.reshape(self.shape)
+
+
+# -- masks --------------------------------------------------------------------------------------
+@xla("aten::masked_fill.Scalar", "aten::masked_fill.Tensor", "aten::masked_fill_.Scalar",
+     "aten::masked_fill_.Tensor")
+def masked_fill(self, mask, value):
+    dt = out_dtype()
+    return jnp.where(mask, as_dtype(value, dt), self.astype(dt))
+
+
+@xla("aten::masked_scatter", "aten::masked_scatter_")
+def masked_scatter(self, mask, source):
+    """Masked positions (row-major) take consecutive elements of ``source``."""
+    mask = jnp.broadcast_to(mask, self.shape)
+    pos = jnp.cumsum(mask.reshape(-1)) - 1
+    vals = _read(source.reshape(-1).astype(self.dtype), pos).reshape(self.shape)
+    return jnp.where(mask, vals, self)
+
+
+@xla("aten::masked_scatter_backward")
+def masked_scatter_backward(grad_output, mask, sizes):
+    n = int(np.prod(sizes))
+    mask = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
+    pos = jnp.where(mask, jnp.cumsum(mask) - 1, n)
+    packed = jnp.zeros((n,), grad_output.dtype).at[pos].set(grad_output.reshape(-1), mode="drop")
+    return packed.reshape(tuple(sizes))
+
+
+@xla("aten::masked_select", data_dependent=True)
+def masked_select(self, mask):
+    x, m = jnp.broadcast_arrays(self, mask)
+    return x[m]
+
+
+@xla("aten::nonzero", data_dependent=True)
+def nonzero(self):
+    if self.ndim == 0:
+        return jnp.zeros((int(self != 0), 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(self), axis=1).astype(jnp.int64)
+
+
+@xla("aten::nonzero_static")
+def nonzero_static(self, *, size, fill_value=-1):
+    x = self.reshape(1) if self.ndim == 0 else self
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(coords, axis=1).astype(jnp.int64)[:, :self.ndim]
+
+
+@xla("aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar", "aten::isin.Scalar_Tensor")
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    dt = compute_dtype(elements, test_elements)
+    e = as_dtype(elements, dt)
+    table = jnp.sort(jnp.ravel(as_dtype(test_elements, dt)))
+    if table.shape[0] == 0:
+        found = jnp.zeros(jnp.shape(e), jnp.bool_)
+    else:
+        pos = jnp.clip(jnp.searchsorted(table, e), 0, table.shape[0] - 1)
+        found = table[pos] == e
+    return ~found if invert else found
+
+
+# -- embeddings ------------------------------------------------------------------------------------
+@xla("aten::embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0, mode="fill", fill_value=0)
+
+
+@xla("aten::embedding_dense_backward")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """Scatter-add of the output gradient rows into the weight rows they came from."""
+    acc = jnp.float32 if grad_output.dtype in (jnp.bfloat16, jnp.float16) else grad_output.dtype
+    idx = indices.reshape(-1)
+    g = grad_output.reshape((idx.shape[0], -1)).astype(acc)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[idx].add(1, mode="drop")
+        g = g / _read(counts, idx)[:, None]
+    keep = (idx != padding_idx) if padding_idx >= 0 else jnp.ones_like(idx, jnp.bool_)
+    g = jnp.where(keep[:, None], g, 0)
+    out = jnp.zeros((num_weights, g.shape[1]), acc).at[idx].add(g, mode="drop")
+    return out.reshape(out_shape()).astype(out_dtype())

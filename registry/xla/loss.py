@@ -1,0 +1,243 @@
+"""Loss lowerings: nll_loss (1d/2d), pointwise losses (mse, huber, smooth_l1, soft_margin,
+binary cross entropy), margin losses, and their backward ops.
+
+``reduction`` is torch's enum: 0 none, 1 mean, 2 sum. Half types compute in float32.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import float_compute
+
+NONE, MEAN, SUM = 0, 1, 2
+
+
+def _reduce(loss: jax.Array, reduction: int) -> jax.Array:
+    if reduction == MEAN:
+        return jnp.mean(loss)
+    if reduction == SUM:
+        return jnp.sum(loss)
+    return loss
+
+
+def _mean_norm(x: jax.Array, reduction: int) -> float:
+    """The factor a mean reduction puts on each element's gradient."""
+    return 1.0 / x.size if reduction == MEAN and x.size else 1.0
+
+
+def _ct():
+    """Compute dtype: float32 for half outputs, else torch's output dtype."""
+    return float_compute(out_dtype())
+
+
+# -- nll_loss ---------------------------------------------------------------------------------
+def _nll_pick(self, target, weight, ignore_index, ct):
+    """Per-target -x[target]*w and w, with ignored targets giving 0 (class axis 1, or 0 for 1-D)."""
+    cdim = 0 if self.ndim < 2 else 1
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    picked = jnp.take_along_axis(self.astype(ct), jnp.expand_dims(safe, cdim), axis=cdim)
+    picked = jnp.squeeze(picked, cdim)
+    w = weight.astype(ct)[safe] if weight is not None else jnp.ones(safe.shape, ct)
+    w = jnp.where(valid, w, jnp.zeros((), ct))
+    return -picked * w, w
+
+
+@xla("aten::nll_loss_forward", "aten::nll_loss2d_forward")
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    ct = _ct()
+    loss, w = _nll_pick(self, target, weight, ignore_index, ct)
+    if reduction == NONE and self.ndim > 1:
+        return loss, jnp.zeros((), ct)
+    total = jnp.sum(w)
+    if reduction == SUM:
+        return jnp.sum(loss), total
+    if reduction == MEAN:
+        return jnp.sum(loss) / total, total
+    return loss, total
+
+
+@xla("aten::nll_loss_backward", "aten::nll_loss2d_backward")
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    ct = _ct()
+    cdim = 0 if self.ndim < 2 else 1
+    if self.ndim == 1 and target.ndim > 0:  # torch's kernel reads target[0] for unbatched input
+        target = target[0]
+    g = grad_output.astype(ct)
+    if reduction != NONE or self.ndim < 2:
+        g = g.reshape(())
+    if reduction == MEAN:
+        g = g / total_weight.astype(ct)
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    w = weight.astype(ct)[safe] if weight is not None else jnp.ones((), ct)
+    coef = jnp.where(valid, -g * w, jnp.zeros((), ct))
+    classes = jax.lax.broadcasted_iota(safe.dtype, self.shape, cdim)
+    hit = classes == jnp.expand_dims(safe, cdim)
+    return jnp.where(hit, jnp.expand_dims(coef, cdim), jnp.zeros((), ct))
+
+
+# -- pointwise losses ---------------------------------------------------------------------------
+def _pointwise_loss(elem: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """A loss ``reduce(elem(x, t, *params))`` over broadcast ``self`` and ``target``."""
+    def lower(self, target, reduction=MEAN, *params):
+        ct = _ct()
+        return _reduce(elem(self.astype(ct), target.astype(ct), *params), reduction)
+    return lower
+
+
+def _pointwise_grad(elem_grad: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """d loss / d self = g * elem_grad(x, t, *params), scaled by 1/numel for a mean."""
+    def lower(grad_output, self, target, reduction, *params):
+        ct = _ct()
+        x, t, g = self.astype(ct), target.astype(ct), grad_output.astype(ct)
+        r = elem_grad(x, t, *params) * (g * _mean_norm(x, reduction))
+        return jnp.broadcast_to(r, out_shape())
+    return lower
+
+
+def _huber(x, t, delta=1.0):
+    z = jnp.abs(x - t)
+    return jnp.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
+
+
+def _huber_grad(x, t, delta):
+    d = x - t
+    return jnp.where(d < -delta, -delta, jnp.where(d > delta, delta, d))
+
+
+def _smooth_l1(x, t, beta=1.0):
+    z = jnp.abs(x - t)
+    return jnp.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta)
+
+
+def _smooth_l1_grad(x, t, beta):
+    d = x - t
+    return jnp.where(jnp.abs(d) < beta, d / beta, jnp.sign(d))
+
+
+_POINTWISE = {
+    # name: (elementwise loss, its derivative in self)
+    "mse_loss": (lambda x, t: (x - t) ** 2, lambda x, t: 2.0 * (x - t)),
+    "huber_loss": (_huber, _huber_grad),
+    "smooth_l1_loss": (_smooth_l1, _smooth_l1_grad),
+    "soft_margin_loss": (lambda x, t: jnp.log1p(jnp.exp(-x * t)),
+                         lambda x, t: t * (jax.nn.sigmoid(t * x) - 1.0)),
+}
+for _name, (_f, _df) in _POINTWISE.items():
+    xla(f"aten::{_name}", name=_name)(_pointwise_loss(_f))
+    xla(f"aten::{_name}_backward", name=f"{_name}_backward")(_pointwise_grad(_df))
+
+
+@xla("aten::binary_cross_entropy")
+def binary_cross_entropy(self, target, weight=None, reduction=MEAN):
+    ct = _ct()
+    x, t = self.astype(ct), target.astype(ct)
+    # torch clamps each log at -100 so that x in {0, 1} gives a finite loss
+    loss = (t - 1) * jnp.maximum(jnp.log1p(-x), -100.0) - t * jnp.maximum(jnp.log(x), -100.0)
+    if weight is not None:
+        loss = loss * weight.astype(ct)
+    return _reduce(loss, reduction)
+
+
+@xla("aten::binary_cross_entropy_backward")
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=MEAN):
+    ct = _ct()
+    x, t, g = self.astype(ct), target.astype(ct), grad_output.astype(ct)
+    r = g * (x - t) / jnp.maximum(x * (1 - x), 1e-12)
+    if weight is not None:
+        r = r * weight.astype(ct)
+    return jnp.broadcast_to(r * _mean_norm(x, reduction), out_shape())
+
+
+@xla("aten::binary_cross_entropy_with_logits")
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=MEAN):
+    ct = _ct()
+    x, t = self.astype(ct), target.astype(ct)
+    # log(1 + exp(-x)) computed stably as max(-x, 0) + log1p(exp(-|x|))
+    softplus_neg = jnp.maximum(-x, 0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+    if pos_weight is not None:
+        softplus_neg = ((pos_weight.astype(ct) - 1) * t + 1) * softplus_neg
+    loss = (1 - t) * x + softplus_neg
+    if weight is not None:
+        loss = loss * weight.astype(ct)
+    return _reduce(loss, reduction)
+
+
+# -- margin losses -----------------------------------------------------------------------------------
+def _relu(z):
+    """max(z, 0) with a zero gradient at 0 (torch's margin kernels test z > 0)."""
+    return jnp.where(z > 0, z, jnp.zeros((), z.dtype))
+
+
+def _multi_margin(x, target, p, margin, weight, reduction):
+    x2 = jnp.atleast_2d(x)
+    t = jnp.atleast_1d(target).reshape(-1)
+    n, c = x2.shape
+    picked = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = _relu(margin - picked + x2)
+    z = z if p == 1 else z * z
+    if weight is not None:
+        z = z * weight.astype(x2.dtype)[t][:, None]
+    z = jnp.where(jnp.arange(c)[None, :] == t[:, None], jnp.zeros((), z.dtype), z)
+    per_sample = jnp.sum(z, axis=1) / c
+    if reduction == MEAN:
+        return jnp.mean(per_sample)
+    if reduction == SUM:
+        return jnp.sum(per_sample)
+    return per_sample.reshape(x.shape[:-1]) if x.ndim > 1 else per_sample.reshape(())
+
+
+@xla("aten::multi_margin_loss", static=("p",))
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=MEAN):
+    ct = _ct()
+    return _multi_margin(self.astype(ct), target, p, jnp.asarray(margin, ct), weight, reduction)
+
+
+@xla("aten::multi_margin_loss_backward", static=("p",))
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=MEAN):
+    ct = _ct()
+    f = lambda x: _multi_margin(x, target, p, jnp.asarray(margin, ct), weight, reduction)
+    out, vjp = jax.vjp(f, self.astype(ct))
+    return vjp(grad_output.astype(ct).reshape(out.shape))[0]
+
+
+def _multilabel_margin(x, target, reduction):
+    """Loss and is_target: labels are target's entries up to the first -1."""
+    x2, t = jnp.atleast_2d(x), jnp.atleast_2d(target)
+    c = x2.shape[1]
+    idx = jnp.arange(c)
+    end = jnp.min(jnp.where(t == -1, idx, c), axis=-1, keepdims=True)
+    is_label = idx < end
+    picked = jnp.take_along_axis(x2, jnp.where(is_label, t, 0), axis=-1)      # (n, c)
+    is_target = jnp.any((jnp.where(is_label, t, -1)[:, :, None] == idx), axis=1)   # (n, c)
+    # z[n, k, j] = 1 - x[n, label_k] + x[n, j], for labels k and non-target classes j
+    z = _relu(1.0 - picked[:, :, None] + x2[:, None, :]) / c
+    keep = is_label[:, :, None] & ~is_target[:, None, :]
+    per_sample = jnp.sum(jnp.where(keep, z, jnp.zeros((), z.dtype)), axis=(1, 2))
+    if reduction == MEAN:
+        loss = jnp.mean(per_sample)
+    elif reduction == SUM:
+        loss = jnp.sum(per_sample)
+    else:
+        loss = per_sample if x.ndim > 1 else per_sample.reshape(())
+    return loss, is_target.reshape(x.shape)
+
+
+@xla("aten::multilabel_margin_loss_forward")
+def multilabel_margin_loss_forward(self, target, reduction):
+    ct = _ct()
+    loss, is_target = _multilabel_margin(self.astype(ct), target, reduction)
+    return loss, is_target.astype(ct)
+
+
+@xla("aten::multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    ct = _ct()
+    out, vjp = jax.vjp(lambda x: _multilabel_margin(x, target, reduction)[0], self.astype(ct))
+    return vjp(grad_output.astype(ct).reshape(out.shape))[0]

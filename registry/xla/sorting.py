@@ -1,0 +1,151 @@
+"""Sorting lowerings: sort, topk, searchsorted/bucketize, histc, and the data-dependent
+bincount / unique family.
+
+Torch's order: NaN sorts as the largest value (first when descending), -0.0 equals 0.0,
+and equal elements keep their original order (torch's CPU sort is stable).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tpu_kernels.registry.decorator import xla
+
+
+def _sort_keys(x: jax.Array, descending: bool) -> list[jax.Array]:
+    """Sort keys whose ascending lexicographic order is torch's order for ``x``."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        nan = jnp.isnan(x)
+        v = jnp.where(nan | (x == 0), jnp.zeros((), x.dtype), x)  # one NaN class, -0 == 0
+        return [~nan, -v] if descending else [nan, v]
+    return [~x] if descending else [x]  # ~x (= -x - 1 for ints) reverses without overflow
+
+
+def sort_with_indices(x: jax.Array, axis: int, descending: bool = False) -> tuple[jax.Array, jax.Array]:
+    """Stable sort of ``x`` along ``axis`` in torch's order: (values, int64 indices)."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    iota = jax.lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    keys = _sort_keys(x, descending)
+    out = jax.lax.sort((*keys, x, iota), dimension=axis, is_stable=True, num_keys=len(keys))
+    return out[-2], out[-1]
+
+
+@xla("aten::sort.default")
+def sort(self, dim=-1, descending=False):
+    return sort_with_indices(self, dim % max(self.ndim, 1), descending)
+
+
+@xla("aten::sort.stable")
+def sort_stable(self, *, stable, dim=-1, descending=False):
+    return sort_with_indices(self, dim % max(self.ndim, 1), descending)
+
+
+@xla("aten::topk.default")
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    ax = dim % self.ndim
+    vals, idx = sort_with_indices(self, ax, descending=largest)
+    return jax.lax.slice_in_dim(vals, 0, k, axis=ax), jax.lax.slice_in_dim(idx, 0, k, axis=ax)
+
+
+# -- searching -----------------------------------------------------------------------------
+def _side(right: bool, side: str | None) -> str:
+    return side if side is not None else ("right" if right else "left")
+
+
+def _search(seq: jax.Array, values: jax.Array, side: str, out_int32: bool) -> jax.Array:
+    """searchsorted of ``values`` in ``seq`` (1-D, or batched over leading dims)."""
+    dt = jnp.int32 if out_int32 else jnp.int64
+    if seq.ndim <= 1:
+        return jnp.searchsorted(seq, values, side=side).astype(dt)
+    lead = seq.shape[:-1]
+    fn = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))
+    flat = fn(seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1]))
+    return flat.reshape(lead + values.shape[-1:]).astype(dt)
+
+
+@xla("aten::searchsorted.Tensor")
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    seq = sorted_sequence if sorter is None else jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    return _search(seq, self, _side(right, side), out_int32)
+
+
+@xla("aten::searchsorted.Scalar")
+def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    seq = sorted_sequence if sorter is None else jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    vals = jnp.asarray(self, seq.dtype).reshape(seq.shape[:-1] + (1,))
+    res = _search(seq, vals, _side(right, side), out_int32)
+    return res.reshape(res.shape[:-1])
+
+
+@xla("aten::bucketize.Tensor")
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    return _search(boundaries, self, "right" if right else "left", out_int32)
+
+
+@xla("aten::bucketize.Scalar")
+def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
+    return _search(boundaries, jnp.asarray(self, boundaries.dtype), "right" if right else "left",
+                   out_int32)
+
+
+# -- histograms ---------------------------------------------------------------------------------
+@xla("aten::histc.default")
+def histc(self, bins=100, min=0, max=0):
+    x = self.reshape(-1)
+    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    auto = lo == hi  # min == max: use the data's range (widened by 1 if still empty)
+    if x.size:
+        lo = jnp.where(auto, jnp.min(x), lo)
+        hi = jnp.where(auto, jnp.max(x), hi)
+    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
+    inside = (x >= lo) & (x <= hi)
+    pos = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    pos = jnp.clip(pos, 0, bins - 1)  # x == max falls in the last bin
+    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
+
+
+@xla("aten::bincount.default", data_dependent=True)
+def bincount(self, weights=None, minlength=0):
+    n = int(jnp.max(self)) + 1 if self.size else 0
+    n = max(n, minlength)
+    if weights is None:
+        return jnp.zeros((n,), jnp.int64).at[self].add(1)
+    dt = weights.dtype if weights.dtype == jnp.float32 else jnp.float64  # torch's rule
+    return jnp.zeros((n,), dt).at[self].add(weights.astype(dt))
+
+
+# -- unique (data-dependent sizes) -------------------------------------------------------------------
+_EMPTY = np.zeros((0,), np.int64)
+
+
+@xla("aten::_unique2.default", data_dependent=True)
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    # unique values are always sorted here (torch allows, but does not require, unsorted)
+    vals, inv, counts = jnp.unique(self.reshape(-1), return_inverse=True, return_counts=True)
+    inv = inv.reshape(self.shape).astype(jnp.int64) if return_inverse else jnp.asarray(_EMPTY)
+    counts = counts.astype(jnp.int64) if return_counts else jnp.asarray(_EMPTY)
+    return vals, inv, counts
+
+
+@xla("aten::unique_consecutive.default", data_dependent=True)
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    x = self.reshape(-1) if dim is None else jnp.moveaxis(self, dim, 0)
+    n = x.shape[0]
+    if n == 0:
+        starts = jnp.zeros((0,), bool)
+    else:
+        diff = jnp.any((x[1:] != x[:-1]).reshape(n - 1, -1), axis=1)
+        starts = jnp.concatenate([jnp.ones((1,), bool), diff])
+    where = np.flatnonzero(np.asarray(starts))
+    vals = x[where]
+    if dim is not None:
+        vals = jnp.moveaxis(vals, 0, dim)
+    inv = (jnp.cumsum(starts) - 1).astype(jnp.int64)
+    inv = (inv.reshape(self.shape) if dim is None else inv) if return_inverse else jnp.asarray(_EMPTY)
+    counts = (jnp.diff(jnp.asarray(np.append(where, n))).astype(jnp.int64) if return_counts
+              else jnp.asarray(_EMPTY))
+    return vals, inv, counts

@@ -1,0 +1,115 @@
+"""Dispatch machinery: caching, forcing kinds, unsupported ops, CPU fallback, views."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tpu_kernels
+from tpu_kernels import dispatch, registry
+from tpu_kernels.registry import tpu_kernel, unregister
+
+
+def test_same_signature_traces_once():
+    x = torch.randn(5, 7, device="tpu")
+    y = torch.randn(5, 7, device="tpu")
+    op = torch.ops.aten.mul.Tensor
+    x * y
+    before = dispatch.TRACES.get(op, 0)
+    for _ in range(5):
+        x * y
+    assert dispatch.TRACES.get(op, 0) == before
+    torch.randn(6, 7, device="tpu") * torch.randn(6, 7, device="tpu")   # new shape: one more trace
+    assert dispatch.TRACES.get(op, 0) == before + 1
+
+
+def test_new_scalar_values_do_not_retrace():
+    x = torch.randn(4, device="tpu")
+    op = torch.ops.aten.add.Tensor
+    x + 1.5
+    before = dispatch.TRACES.get(op, 0)
+    for v in (2.5, 3.25, -1.0):
+        assert torch.allclose((x + v).cpu(), x.cpu() + v)
+    assert dispatch.TRACES.get(op, 0) == before
+
+
+def test_unsupported_op_error_names_op_and_fallback():
+    @tpu_kernel("mylib_test::needs_impl", reference=lambda x: x + 1)
+    def needs_impl(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+    with registry.disable("user"):
+        with pytest.raises(NotImplementedError, match="(?s)needs_impl.*TPU_KERNELS_CPU_FALLBACK"):
+            needs_impl(torch.ones(2, device="tpu"))
+
+
+def test_cpu_fallback_runs_and_warns_once(monkeypatch):
+    monkeypatch.setenv("TPU_KERNELS_CPU_FALLBACK", "1")
+
+    @tpu_kernel("mylib_test::fallback_me", reference=lambda x: x * 3)
+    def fallback_me(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+    with registry.disable("user"), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fallback_me(torch.ones(2, device="tpu"))
+        out2 = fallback_me(torch.ones(2, device="tpu"))
+    assert out.device.type == "tpu" and out.cpu().tolist() == [3.0, 3.0]
+    assert out2.cpu().tolist() == [3.0, 3.0]
+    assert sum("CPU" in str(w.message) for w in seen) == 1
+
+
+def test_user_kernel_wins_and_can_be_forced_off():
+    calls = []
+
+    @tpu_kernel("aten::neg", supports=lambda x: x.dtype == torch.float32)
+    def my_neg(x):
+        calls.append(1)
+        return -x
+    try:
+        x = torch.randn(3, device="tpu")
+        assert torch.equal((-x).cpu(), -(x.cpu()))
+        assert calls, "user kernel did not run"
+        n = len(calls)
+        -(x.to(torch.bfloat16))             # predicate refuses bf16: built-in runs
+        with registry.only("xla"):
+            -torch.randn(4, device="tpu")   # user kind disabled
+        assert len(calls) == n
+        impl, skipped = registry.which("aten::neg", torch.randn(2, dtype=torch.bfloat16))
+        assert impl.kind == "xla" and any("False" in r for _, r in skipped)
+    finally:
+        unregister(my_neg)
+
+
+def test_register_twice_needs_override():
+    def twice(x):
+        return x
+    tpu_kernel("aten::abs")(twice)
+    try:
+        with pytest.raises(ValueError, match="override=True"):
+            tpu_kernel("aten::abs")(twice)
+        tpu_kernel("aten::abs", override=True)(twice)
+    finally:
+        unregister(twice)
+
+
+def test_decorator_misuse():
+    with pytest.raises(ValueError, match="unknown op"):
+        tpu_kernel("aten::not_an_op")(lambda x: x)
+    with pytest.raises(ValueError, match="namespace"):
+        tpu_kernel("fused_thing")(lambda x: x)
+    with pytest.raises(TypeError, match="type hints"):
+        tpu_kernel("mylib_test::no_hints")(lambda x: x)
+    with pytest.raises(TypeError, match="positional"):
+        tpu_kernel("aten::add.Tensor")(lambda x: x)
+    with pytest.raises(ValueError, match="several overloads"):
+        tpu_kernel("aten::scatter")(lambda x, dim, index, src: x)
+
+
+def test_env_disable_kinds(monkeypatch):
+    with registry.disable("xla"):
+        with pytest.raises(NotImplementedError):
+            torch.ones(3, device="tpu") * torch.ones(3, device="tpu")
+    assert (torch.ones(3, device="tpu") * 2).cpu().tolist() == [2, 2, 2]
+    with pytest.raises(ValueError, match="unknown impl kind"):
+        with registry.disable("cuda"):
+            pass

@@ -103,7 +103,15 @@ def _fake_from_jax(jax_fn: Callable, op: Any) -> Callable:
     def fake(*args, **kwargs):
         device = next((a.device for a in _tensors(args, kwargs)), torch.device("meta"))
         a, kw = _abstract(args), {k: _abstract(v) for k, v in kwargs.items()}
-        out = jax.eval_shape(lambda *xs: jax_fn(*xs, **kw), *a)
+        # only arrays are abstract; Python values are closed over, as the dispatcher does
+        pos = [i for i, v in enumerate(a) if _is_array_tree(v)]
+
+        def f(*arrays):
+            full = list(a)
+            for i, x in zip(pos, arrays):
+                full[i] = x
+            return jax_fn(*full, **kw)
+        out = jax.eval_shape(f, *(a[i] for i in pos))
         return _empty_like_tree(out, device)
     fake.__name__ = f"{op}_fake"
     return fake
@@ -115,6 +123,12 @@ def _tensors(args, kwargs):
             yield v
         elif isinstance(v, (list, tuple)):
             yield from (x for x in v if isinstance(x, torch.Tensor))
+
+
+def _is_array_tree(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return len(v) > 0 and all(_is_array_tree(x) for x in v)
+    return isinstance(v, jax.ShapeDtypeStruct)
 
 
 def _abstract(v: Any) -> Any:
@@ -152,7 +166,9 @@ def _register_autograd(ns, opname, op, schema, jax_fn, reference, backward) -> N
     bop = getattr(getattr(torch.ops, ns), bname).default
 
     def bwd_fake(grads, *args, **kwargs):
-        return [torch.empty_like(args[i]) for i in tensor_pos]
+        # absent (None or defaulted) tensor args get an empty placeholder grad
+        return [torch.empty_like(args[i]) if i < len(args) and args[i] is not None
+                else torch.empty(0, device=grads[0].device) for i in tensor_pos]
     lib.impl(bname, bwd_fake, "Meta")
     if reference is not None:
         lib.impl(bname, _reference_backward(reference, tensor_pos), "CPU")
@@ -167,43 +183,65 @@ def _register_autograd(ns, opname, op, schema, jax_fn, reference, backward) -> N
         outs = bop(grads, *ctx.inputs)
         result = [None] * len(arg_names)
         for i, g in zip(tensor_pos, outs):
-            result[i] = g
+            if i < len(ctx.inputs) and isinstance(ctx.inputs[i], torch.Tensor) and ctx.inputs[i].requires_grad:
+                result[i] = g
         return tuple(result)
 
     torch.library.register_autograd(f"{ns}::{opname}", autograd_bwd, setup_context=setup_context)
 
 
+def _present(args: tuple, tensor_pos: list[int]) -> list[int]:
+    return [i for i in tensor_pos if i < len(args) and args[i] is not None]
+
+
 def _vjp_backward(jax_fn: Callable, tensor_pos: list[int]) -> Callable:
     def bwd(grads, *args, **kwargs):
+        live = _present(args, tensor_pos)
+
         def f(*tensors):
             full = list(args)
-            for i, t in zip(tensor_pos, tensors):
+            for i, t in zip(live, tensors):
                 full[i] = t
             return jax_fn(*full, **kwargs)
-        _, vjp = jax.vjp(f, *(args[i] for i in tensor_pos))
+        primals = [args[i] for i in live]
+        # integer inputs (indices) have no gradient: differentiate w.r.t. floats only
+        out, vjp = jax.vjp(f, *primals)
         cot = grads[0] if len(grads) == 1 else tuple(grads)
-        return list(vjp(cot))
+        got = dict(zip(live, vjp(cot)))
+        return [_grad_or_empty(got.get(i), args, i) for i in tensor_pos]
     return bwd
+
+
+def _grad_or_empty(g: Any, args: tuple, i: int) -> jax.Array:
+    if g is None or i >= len(args) or args[i] is None:
+        return jax.numpy.zeros((0,), jax.numpy.float32)
+    if g.dtype == jax.dtypes.float0:  # integer input
+        return jax.numpy.zeros(args[i].shape, args[i].dtype)
+    return g
 
 
 def _user_backward(backward: Callable, tensor_pos: list[int]) -> Callable:
     def bwd(grads, *args, **kwargs):
         g = backward(grads[0] if len(grads) == 1 else tuple(grads), *args, **kwargs)
-        g = g if isinstance(g, (list, tuple)) else (g,)
-        return [x if x is not None else jax.numpy.zeros_like(args[i]) for x, i in zip(g, tensor_pos)]
+        g = dict(zip(tensor_pos, g if isinstance(g, (list, tuple)) else (g,)))
+        return [_grad_or_empty(g.get(i), args, i) if g.get(i) is not None or i >= len(args) or args[i] is None
+                else jax.numpy.zeros_like(args[i]) for i in tensor_pos]
     return bwd
 
 
 def _reference_backward(reference: Callable, tensor_pos: list[int]) -> Callable:
     def bwd(grads, *args, **kwargs):
         with torch.enable_grad():
-            ins = [args[i].detach().requires_grad_() for i in tensor_pos]
+            live = [i for i in _present(args, tensor_pos) if args[i].is_floating_point()]
+            ins = [args[i].detach().requires_grad_() for i in live]
             full = list(args)
-            for i, t in zip(tensor_pos, ins):
+            for i, t in zip(live, ins):
                 full[i] = t
             out = reference(*full, **kwargs)
             outs = out if isinstance(out, (list, tuple)) else (out,)
-            got = torch.autograd.grad(outs, ins, list(grads), allow_unused=True)
-        return [g if g is not None else torch.zeros_like(t) for g, t in zip(got, ins)]
+            got = dict(zip(live, torch.autograd.grad(outs, ins, list(grads), allow_unused=True)))
+        return [got[i] if got.get(i) is not None else
+                (torch.zeros_like(args[i]) if i < len(args) and args[i] is not None else torch.empty(0))
+                for i in tensor_pos]
     return bwd
 

@@ -79,3 +79,5 @@ def setup() -> None:
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
         if REGISTRY.has(op):
             lib.impl(name, functools.partial(_factory_kernel, op), "PrivateUse1")
+    from tpu_kernels import patterns
+    patterns.install()

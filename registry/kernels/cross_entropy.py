@@ -1,0 +1,44 @@
+"""Pallas cross entropy, fused linear cross entropy and grouped matmul, bound to this
+library's custom ops (``tpu_kernels::cross_entropy`` is what ``F.cross_entropy`` on tpu
+tensors reaches: see ``tpu_kernels/patterns.py``)."""
+from __future__ import annotations
+
+from tpu_kernels.pallas import cross_entropy as ce
+from tpu_kernels.pallas import grouped_matmul as gmm
+from tpu_kernels.pallas import linear_cross_entropy as lce
+from tpu_kernels.registry.decorator import tpu_kernel
+from tpu_kernels.registry.kernels._bind import jdt
+
+
+def _ce_supports(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return ce.supports(logits.shape, jdt(logits), jdt(target),
+                       None if weight is None else weight.shape, reduction=reduction,
+                       label_smoothing=label_smoothing)
+
+
+@tpu_kernel("tpu_kernels::cross_entropy", kind="pallas", supports=_ce_supports,
+            static=("label_smoothing",))
+def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return ce.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                            label_smoothing=label_smoothing)
+
+
+def _lce_supports(hidden, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    if weight.dtype != hidden.dtype:
+        return f"weight dtype {weight.dtype} != hidden dtype {hidden.dtype}"
+    return lce.supports(hidden.shape, weight.shape, jdt(hidden), jdt(target), reduction=reduction,
+                        label_smoothing=label_smoothing)
+
+
+@tpu_kernel("tpu_kernels::linear_cross_entropy", kind="pallas", supports=_lce_supports,
+            static=("label_smoothing",))
+def linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return lce.linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
+                                    reduction=reduction, label_smoothing=label_smoothing)
+
+
+@tpu_kernel("tpu_kernels::ragged_dot", kind="pallas",
+            supports=lambda lhs, rhs, group_sizes: gmm.supports(
+                lhs.shape, jdt(lhs), rhs.shape, jdt(rhs), group_sizes.shape, jdt(group_sizes)))
+def ragged_dot(lhs, rhs, group_sizes):
+    return gmm.ragged_dot(lhs, rhs, group_sizes)

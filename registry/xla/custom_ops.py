@@ -1,0 +1,63 @@
+"""Custom ops of this library (``torch.ops.tpu_kernels.*``) with their XLA impls.
+
+Each op is defined here, where its XLA impl is registered (the lowering every kernel
+falls back to); Pallas and Helion kernels bind to the same op in ``registry/kernels``.
+CPU references are plain torch, so the ops also run (and are parity-checked) on CPU.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.nn.functional as F
+
+from tpu_kernels.pallas.reference import cross_entropy as ce_ref
+from tpu_kernels.pallas.reference import linear_cross_entropy as lce_ref
+from tpu_kernels.registry.decorator import tpu_kernel
+
+
+def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
+
+
+@tpu_kernel("tpu_kernels::cross_entropy", kind="xla", reference=_ce_reference, backward="vjp")
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(logits [n, C], target [n])`` in one fused XLA computation (f32 stats)."""
+    return ce_ref.cross_entropy(logits, target, weight, ignore_index=ignore_index,
+                                reduction=reduction, label_smoothing=label_smoothing)
+
+
+def _lce_reference(hidden, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return _ce_reference(hidden @ weight.T, target, None, ignore_index, reduction, label_smoothing)
+
+
+@tpu_kernel("tpu_kernels::linear_cross_entropy", kind="xla", reference=_lce_reference, backward="vjp")
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+    """``cross_entropy(hidden [n, h] @ weight [V, h].T, target)``; the Pallas kernel never
+    materialises the logits, this XLA version does."""
+    return lce_ref.linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
+                                        reduction=reduction, label_smoothing=label_smoothing)
+
+
+def _ragged_dot_reference(lhs, rhs, group_sizes):
+    out = lhs.new_zeros(lhs.shape[0], rhs.shape[-1])
+    start = 0
+    for g, n in enumerate(group_sizes.tolist()):
+        out[start:start + n] = lhs[start:start + n] @ rhs[g]
+        start += n
+    return out
+
+
+@tpu_kernel("tpu_kernels::ragged_dot", kind="xla", reference=_ragged_dot_reference, backward="vjp")
+def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    """Grouped matmul for MoE: rows of ``lhs [m, k]`` sorted by group, ``rhs [g, k, n]``,
+    ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
+    prec = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=prec)

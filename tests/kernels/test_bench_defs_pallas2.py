@@ -60,3 +60,12 @@ def test_fused_adam_counts():
     (p, g, m, v, vmax, steps), kw = b.make_args(c)
     assert len(p) == 2 and p[0].shape == (5,) and vmax == [] and steps[0].dtype == torch.float32
     assert kw["amsgrad"] is False and kw["lr"] == 1e-3
+
+
+def test_linear_cross_entropy_counts():
+    (b,) = _benches("linear_cross_entropy")
+    c = case(n=2, h=3, vocab=5, dtype=torch.bfloat16)
+    assert b.flops(c) == 2 * 2 * 3 * 5 + 4 * 2 * 5
+    assert b.bytes(c) == 2 * (6 + 15 + 1) + 8 * 2
+    (hid, w, t), kw = b.make_args(c)
+    assert hid.shape == (2, 3) and w.shape == (5, 3) and t.shape == (2,)

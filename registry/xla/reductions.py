@@ -293,8 +293,8 @@ def _median_dim(self, dim, keepdim, ignore_nan: bool):
         pos = jnp.full(vals.shape[:ax] + (1,) + vals.shape[ax + 1:], (n - 1) // 2)
         first_nan, has_nan = _nan_first_index(self, ax)
     v, i = _pick(vals, idx, pos, ax, True)
-    if not ignore_nan and _is_float(self):  # torch reports the first NaN's index
-        i = jnp.where(has_nan, first_nan, i)
+    if not ignore_nan and _is_float(self):  # NaN wins, at the first NaN's index
+        v, i = jnp.where(has_nan, jnp.nan, v).astype(v.dtype), jnp.where(has_nan, first_nan, i)
     return (v, i) if keepdim else (jnp.squeeze(v, ax), jnp.squeeze(i, ax))
 
 

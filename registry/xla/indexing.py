@@ -218,8 +218,8 @@ def _static_mask_coords(self_shape, indices, values):
     adv = [i for i, c in enumerate(coords) if not isinstance(c, slice)]
     pos = adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0
     bshape = jnp.broadcast_shapes(*(coords[i].shape for i in adv))
-    rest = [self_shape[i] for i, c in enumerate(coords) if isinstance(c, slice)]
-    result_ndim = len(rest) + len(bshape)
+    n_sliced = sum(isinstance(c, slice) for c in coords) + len(self_shape) - d
+    result_ndim = n_sliced + len(bshape)
     axis = pos + len(bshape) - 1 - (result_ndim - values.ndim)
     if len(bshape) == 1 and 0 <= axis < values.ndim and values.shape[axis] not in (1, padded):
         pad = [(0, 0)] * values.ndim

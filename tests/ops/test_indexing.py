@@ -1,0 +1,267 @@
+"""Parity tests for the indexing lowerings (registry/xla/indexing.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import check, to_tpu
+
+aten = torch.ops.aten
+F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
+
+
+def r(*shape, dtype=F32, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape) + 7 * len(shape))
+    if dtype in (torch.int64, torch.int32):
+        return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
+    x = torch.randn(shape, generator=g).to(dtype)
+    return x.requires_grad_() if grad else x
+
+
+def idx(high, *shape, seed=0):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed + high))
+
+
+def perm(n, seed=0):
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+# -- gather / scatter ----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16, I64])
+def test_gather(dtype):
+    x = r(4, 5, dtype=dtype)
+    check(lambda x, i: torch.gather(x, 1, i), x, idx(5, 4, 3))
+    check(lambda x, i: torch.gather(x, 0, i), x, idx(4, 2, 3))   # index smaller in dim 1
+    check(lambda x, i: torch.gather(x, -1, i), x.t(), idx(4, 5, 2))
+    check(lambda x, i: torch.gather(x, 0, i), r(dtype=dtype), torch.tensor(0))
+    check(lambda x, i: torch.gather(x, 1, i), x, idx(5, 4, 0))
+
+
+def test_gather_grad():
+    check(lambda x, i: torch.gather(x, 1, i) * 2, r(3, 4, grad=True), idx(4, 3, 6), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, I64])
+def test_scatter(dtype):
+    x = r(4, 5, dtype=dtype)
+    i = torch.stack([perm(5, s)[:3] for s in range(2)])          # unique per row
+    check(lambda x, i, s: torch.scatter(x, 1, i, s), x, i, r(2, 4, dtype=dtype))
+    check(lambda x, i: torch.scatter(x, 1, i, 3), x, i)
+    check(lambda x, i, s: torch.scatter_add(x, 1, i, s), x, idx(5, 3, 6), r(3, 6, dtype=dtype))
+    check(lambda x, i, s: torch.scatter(x, 0, i, s, reduce="add"), x, idx(4, 6, 5), r(6, 5, dtype=dtype))
+    check(lambda x, i: x.clone().scatter_(0, i, 7), x, idx(4, 1, 5))
+    check(lambda x, i, s: x.clone().scatter_add_(0, i, s), x, idx(4, 3, 5), r(3, 5, dtype=dtype))
+
+
+def test_scatter_multiply_and_grad():
+    x = r(4, 5)
+    check(lambda x, i, s: torch.scatter(x, 0, i, s, reduce="multiply"), x, idx(4, 6, 5), r(6, 5))
+    check(lambda x, i: torch.scatter(x, 1, i, 2.0, reduce="multiply"), x, idx(5, 4, 2))
+    check(lambda x, i, s: torch.scatter_add(x, 1, i, s), r(3, 4, grad=True), idx(4, 3, 6),
+          r(3, 6, grad=True), grad=True)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce, include_self):
+    i = idx(4, 6, 5)
+    for dtype in (F32, I64):
+        x, s = r(4, 5, dtype=dtype), r(6, 5, dtype=dtype, seed=1)
+        check(lambda x, i, s: torch.scatter_reduce(x, 0, i, s, reduce, include_self=include_self), x, i, s)
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(reduce):
+    x, s = r(4, 3), r(4, 6)
+    i = idx(3, 6)
+    check(lambda x, i, s: x.index_reduce(1, i, s, reduce), x, i, s)
+    check(lambda x, i, s: x.index_reduce(1, i, s, reduce, include_self=False), x, i, s)
+
+
+# -- index_* ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16, I64])
+def test_index_select(dtype):
+    x = r(4, 5, dtype=dtype)
+    check(lambda x, i: torch.index_select(x, 0, i), x, idx(4, 7))
+    check(lambda x, i: torch.index_select(x, -1, i), x.t(), idx(4, 2))
+    check(lambda x, i: torch.index_select(x, 0, i), x, torch.tensor(2))
+    check(lambda x, i: torch.index_select(x, 1, i), x, idx(5, 0))
+    check(lambda x, i: torch.index_select(x, 0, i), r(dtype=dtype), torch.tensor([0]))
+
+
+def test_index_select_grad():
+    check(lambda x, i: torch.index_select(x, 1, i) * 2, r(3, 4, grad=True), idx(4, 6), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, I64])
+def test_index_add_copy_fill(dtype):
+    x = r(5, 3, dtype=dtype)
+    check(lambda x, i, s: x.index_add(0, i, s), x, idx(5, 7), r(7, 3, dtype=dtype))
+    check(lambda x, i, s: x.index_add(1, i, s, alpha=2), x, idx(3, 4), r(5, 4, dtype=dtype))
+    check(lambda x, i, s: x.index_copy(0, i, s), x, perm(5)[:3], r(3, 3, dtype=dtype))
+    check(lambda x, i: x.index_fill(1, i, -1), x, idx(3, 2))
+    check(lambda x, i, v: x.index_fill(0, i, v), x, idx(5, 2), torch.tensor(4, dtype=dtype))
+    check(lambda x, i, s: x.clone().index_add_(0, i, s), x, idx(5, 7), r(7, 3, dtype=dtype))
+
+
+# -- advanced indexing ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16, I64])
+def test_index_tensor(dtype):
+    x = r(3, 4, 5, dtype=dtype)
+    i, j = idx(3, 2, 1), idx(5, 3)
+    check(lambda x, i: x[i], x, idx(3, 6))
+    check(lambda x, i: x[:, i], x, idx(4, 2, 2))
+    check(lambda x, i, j: x[i, :, j], x, i, j)                # non-adjacent: batch dims first
+    check(lambda x, i, j: x[:, i, j], x, idx(4, 2, 1), j)     # adjacent: stay in place
+    check(lambda x, i: x[..., i], x.transpose(0, 2), idx(3, 4) - 3)  # negative indices
+    check(lambda x, i: aten.index(x, [None, i]), x, idx(4, 3))
+    check(lambda x, i: aten._unsafe_index(x, [i, None, i]), x, idx(3, 2))
+    check(lambda x, i: x[i], x, torch.tensor(1))
+
+
+def test_index_tensor_mask():
+    x = r(3, 4, 5)
+    check(lambda x, m: x[m], x, x > 0)
+    check(lambda x, m: x[m], x, x[:, :, 0] > 0)
+    check(lambda x, m: x[:, m], x, x[0, :, 0] > 0)
+    check(lambda x, m: x[m], x, torch.zeros(3, 4, 5, dtype=torch.bool))
+
+
+def test_index_grad():
+    check(lambda x, i: x[i] * 2, r(5, 3, grad=True), idx(5, 7), grad=True)
+    check(lambda x, i: x[:, i] * 2, r(3, 5, grad=True), idx(5, 2, 2), grad=True)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("dtype", [F32, I64])
+def test_index_put(accumulate, dtype):
+    x = r(4, 5, dtype=dtype)
+    # without accumulate duplicate indices are undefined in torch: unique indices there
+    i = idx(4, 6) if accumulate else perm(4)[:3]
+    check(lambda x, i, v: torch.index_put(x, (i,), v, accumulate), x, i, r(len(i), 5, dtype=dtype))
+    check(lambda x, i, v: aten.index_put(x, [None, i], v, accumulate), x, perm(5)[:2], r(2, dtype=dtype))
+    check(lambda x, i, j, v: torch.index_put(x, (i, j), v, accumulate), x, i, i + 1, r(dtype=dtype))
+    check(lambda x, i, v: x.clone().index_put_((i,), v, accumulate), x, i, r(5, dtype=dtype))
+
+
+def test_index_put_mask():
+    x = r(3, 4)
+    m = x > 0
+    check(lambda x, m: x.masked_fill(m, 0) + 0, x, m)
+
+    def setmask(x, m, v):
+        y = x.clone()
+        y[m] = v
+        return y
+
+    check(setmask, x, m, torch.tensor(2.0))
+    check(setmask, x, x[:, 0] > 0, r(4))
+    rows = x[:, 0] > 0
+    check(setmask, x, rows, r(int(rows.sum()), 4))
+    check(setmask, x, m, r(int(m.sum())))
+
+    def addmask(x, m, v):
+        return torch.index_put(x, (m,), v, accumulate=True)
+
+    check(addmask, x, m, r(int(m.sum())))
+
+
+def test_index_put_grad():
+    check(lambda x, i, v: torch.index_put(x, (i,), v, True), r(5, 3, grad=True), idx(5, 7),
+          r(7, 3, grad=True), grad=True)
+
+
+def test_unsafe_masked_index():
+    x = r(4, 5)
+    i = torch.tensor([0, 3, 9, -1])
+    m = torch.tensor([True, True, False, True])
+    check(lambda x, m, i: aten._unsafe_masked_index(x, m, [i], 2.5), x, m[:, None], i)
+    check(lambda x, m, i, v: aten._unsafe_masked_index_put_accumulate(x, m, [i], v),
+          x, m[:, None].expand(4, 5), i, r(4, 5))
+
+
+def test_take_put():
+    x = r(3, 4)
+    check(lambda x, i: torch.take(x, i), x, idx(12, 2, 3) - 6)
+    check(lambda x, i: torch.take(x, i), x.t(), idx(12, 5))
+    check(lambda x, i, s: x.put(i, s), x, perm(12)[:5], r(5))
+    check(lambda x, i, s: x.put(i, s, accumulate=True), x, idx(12, 2, 4), r(8))
+
+
+# -- masks ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16, I64, torch.bool])
+def test_masked_fill(dtype):
+    x = r(3, 4, dtype=dtype) if dtype != torch.bool else r(3, 4) > 0
+    m = r(3, 4, seed=3) > 0
+    check(lambda x, m: x.masked_fill(m, 1), x, m)
+    check(lambda x, m: x.masked_fill(m[0], 0), x, m)           # broadcast mask
+    check(lambda x, m, v: x.masked_fill(m, v), x, m, torch.tensor(1).to(dtype))
+    check(lambda x, m: x.masked_fill(m, 2), x.t(), m.t())
+    check(lambda x, m: x.clone().masked_fill_(m, 0), x, m)
+
+
+def test_masked_fill_grad():
+    check(lambda x, m: x.masked_fill(m, -1.0) * 2, r(3, 4, grad=True), r(3, 4, seed=2) > 0, grad=True)
+
+
+def test_masked_scatter_select():
+    x, m = r(3, 4), r(3, 4, seed=5) > 0
+    check(lambda x, m, s: x.masked_scatter(m, s), x, m, r(20))
+    check(lambda x, m, s: x.masked_scatter(m, s), x, m[0], r(3, 5))
+    check(lambda x, m, s: x.masked_scatter(m, s), r(3, 4, grad=True), m, r(13, grad=True), grad=True)
+    check(lambda x, m: torch.masked_select(x, m), x, m)
+    check(lambda x, m: torch.masked_select(x, m), x, m[1])
+    check(lambda g, m: aten.masked_scatter_backward(g, m, [4, 4]), x, m)
+
+
+@pytest.mark.parametrize("dtype", [F32, I64, torch.bool])
+def test_nonzero(dtype):
+    x = r(3, 5, dtype=dtype) if dtype != torch.bool else r(3, 5) > 0
+    check(lambda x: torch.nonzero(x), x)
+    check(lambda x: torch.nonzero(x), x.t())
+    check(lambda x: torch.nonzero(x), torch.zeros(0, 3, dtype=dtype))
+    check(lambda x: torch.nonzero(x), torch.ones((), dtype=dtype))
+    check(lambda x: torch.nonzero_static(x, size=4), x)
+    check(lambda x: torch.nonzero_static(x, size=20, fill_value=-7), x)
+
+
+def test_isin():
+    e, t = torch.tensor([[1, 5, 2], [7, 2, 0]]), torch.tensor([2, 7, 9])
+    check(lambda e, t: torch.isin(e, t), e, t)
+    check(lambda e, t: torch.isin(e, t, invert=True), e, t)
+    check(lambda e, t: torch.isin(e, t), e.float(), t)
+    check(lambda e: torch.isin(e, 2), e)
+    check(lambda t: torch.isin(7, t), t)
+    check(lambda e, t: torch.isin(e, t), e, t[:0])
+    check(lambda e, t: torch.isin(e, t), torch.tensor([1.0, float("nan")]), torch.tensor([float("nan"), 1.0]))
+
+
+# -- embeddings --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_embedding(dtype):
+    w = r(10, 4, dtype=dtype)
+    check(lambda w, i: torch.nn.functional.embedding(i, w), w, idx(10, 3, 5))
+    check(lambda w, i: torch.nn.functional.embedding(i, w), w, torch.tensor(3))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 2])
+@pytest.mark.parametrize("freq", [False, True])
+def test_embedding_grad(padding_idx, freq):
+    w = r(10, 4, grad=True)
+    i = torch.tensor([[1, 2, 2, 9], [2, 1, 0, 2]])
+    check(lambda w, i: torch.nn.functional.embedding(i, w, padding_idx, scale_grad_by_freq=freq),
+          w, i, grad=True)
+
+
+def test_embedding_dense_backward():
+    g, i = r(2, 3, 4), torch.tensor([[1, 2, 2], [0, 1, 5]])
+    check(lambda g, i: aten.embedding_dense_backward(g, i, 6, -1, False), g, i)
+    check(lambda g, i: aten.embedding_dense_backward(g, i, 6, 1, True), g, i)
+    check(lambda g, i: aten.embedding_dense_backward(g, i, 6, 1, True), r(2, 3, 4, dtype=BF16), i)
+
+
+def test_out_of_range_is_dropped_or_filled():
+    """Documented semantics until device-side error flags exist: reads fill 0, writes drop."""
+    x = to_tpu(torch.arange(4.0))
+    i = to_tpu(torch.tensor([1, 7]))
+    assert torch.index_select(x, 0, i).cpu().tolist() == [1.0, 0.0]
+    assert torch.index_put(x, (i,), to_tpu(torch.tensor([9.0, 9.0]))).cpu().tolist() == [0, 9, 2, 3]

@@ -8,6 +8,7 @@ reach the registry through PrivateUse1 kernels; every other op reaches the tpu t
 from __future__ import annotations
 
 import functools
+import os
 import types
 
 import jax
@@ -56,6 +57,19 @@ def _backend_module() -> types.ModuleType:
     return m
 
 
+def _persistent_compile_cache() -> None:
+    """Eager mode compiles one small executable per op signature; keep them across runs.
+
+    ``TPU_KERNELS_JAX_CACHE`` names the directory (default ~/.cache/tpu_kernels/jax);
+    ``0`` turns it off. A cache directory the user configured in JAX is left alone.
+    """
+    where = os.environ.get("TPU_KERNELS_JAX_CACHE", os.path.expanduser("~/.cache/tpu_kernels/jax"))
+    if where == "0" or jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", where)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 def _factory_kernel(op, *args, **kwargs):
     from tpu_kernels import dispatch
     return dispatch.run(op, args, kwargs)
@@ -71,6 +85,7 @@ def setup() -> None:
         return
     _done = True
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
+    _persistent_compile_cache()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     lib = torch.library.Library("aten", "IMPL")
     setup.lib = lib  # keep the registrations alive

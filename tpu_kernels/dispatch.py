@@ -134,6 +134,10 @@ class _Split:
                 self.leaves.append(v)  # a CPU scalar tensor mixes like in torch
                 self.sig.append(("cpu0d", v.dtype))
                 return SLOT
+            if type(v) in (int, float, bool):  # a wrapped number in a Tensor slot (x / 2.0)
+                self.leaves.append(v)
+                self.sig.append(type(v))
+                return SLOT
             return _freeze(v)
         if kind == TENSOR_LIST:
             return None if v is None else tuple(self.conv(TENSOR, name, x) for x in v)

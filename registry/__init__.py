@@ -37,7 +37,21 @@ def which(op: Any, *args: Any, **kwargs: Any) -> tuple[Impl | None, list[tuple[I
         if isinstance(x, torch.Tensor):
             return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
         return x
-    return REGISTRY.resolve(resolve_overload(op), tree_map(meta, args), tree_map(meta, kwargs))
+    overload = resolve_overload(op)
+    impl, skipped = REGISTRY.resolve(overload, tree_map(meta, args), tree_map(meta, kwargs))
+    if impl is None:
+        impl = decomposition(overload)
+    return impl, skipped
+
+
+def decomposition(op: Any) -> Impl | None:
+    """torch's decomposition of ``op`` as a ``decomp`` impl (what runs when nothing is
+    registered), or None."""
+    from torch._decomp import decomposition_table
+    fn = decomposition_table.get(op)
+    if fn is None or REGISTRY.disabled("decomp"):
+        return None
+    return Impl(op, fn, "decomp", "torch._decomp", priority=0)
 
 
 def _load_builtins() -> None:
@@ -48,4 +62,4 @@ def _load_builtins() -> None:
 _load_builtins()
 
 __all__ = ["KINDS", "REGISTRY", "Impl", "tpu_kernel", "unregister", "impls", "which", "disable",
-           "only", "force", "interpret", "lookup_op", "resolve_overload"]
+           "only", "force", "interpret", "lookup_op", "resolve_overload", "decomposition"]

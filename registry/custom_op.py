@@ -11,6 +11,7 @@ JAX function (use it for kernels with a ``jax.custom_vjp``), or a JAX function
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable
 
 import jax
@@ -49,7 +50,15 @@ class CustomOp:
 def _underlying(fn: Callable) -> tuple[Callable, Callable]:
     """(function with the type hints, pure-JAX callable). Helion kernels expose ``jax_fn``."""
     if type(fn).__name__ == "Kernel" and hasattr(fn, "jax_fn"):
-        return fn.fn, fn.jax_fn
+        kernel = fn
+
+        def helion_jax_fn(*args, **kwargs):
+            from tpu_kernels.pallas.tpu_info import on_tpu
+            if not on_tpu():  # Helion's launcher reads this at run time
+                os.environ.setdefault("HELION_PALLAS_INTERPRET", "1")
+            return kernel.jax_fn(*args, **kwargs)
+        helion_jax_fn.__name__ = getattr(kernel.fn, "__name__", "helion_kernel")
+        return kernel.fn, helion_jax_fn
     return fn, fn
 
 

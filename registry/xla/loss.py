@@ -9,12 +9,30 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 
 NONE, MEAN, SUM = 0, 1, 2
+
+# Torch ships no Meta kernel for these backward ops, and the dispatcher asks the meta
+# function for every result's shape: each returns a tensor shaped like its ``self``.
+_META_LIB = torch.library.Library("aten", "IMPL")
+
+
+def _meta_like(op_name: str, like: str) -> None:
+    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op_name}", "Meta"):
+        return
+    pos = [a.name for a in getattr(torch.ops.aten, op_name).default._schema.arguments].index(like)
+    _META_LIB.impl(op_name, lambda *args, **kw: torch.empty_like(args[pos]), "Meta")
+
+
+for _op, _like in (("multi_margin_loss_backward", "self"),
+                   ("multilabel_margin_loss_backward", "self"),
+                   ("_ctc_loss_backward", "log_probs")):
+    _meta_like(_op, _like)
 
 
 def _reduce(loss: jax.Array, reduction: int) -> jax.Array:
@@ -175,7 +193,7 @@ def _relu(z):
     return jnp.where(z > 0, z, jnp.zeros((), z.dtype))
 
 
-def _multi_margin(x, target, p, margin, weight, reduction):
+def _multi_margin(x, target, p, margin, weight, reduction, shape):
     x2 = jnp.atleast_2d(x)
     t = jnp.atleast_1d(target).reshape(-1)
     n, c = x2.shape
@@ -190,24 +208,25 @@ def _multi_margin(x, target, p, margin, weight, reduction):
         return jnp.mean(per_sample)
     if reduction == SUM:
         return jnp.sum(per_sample)
-    return per_sample.reshape(x.shape[:-1]) if x.ndim > 1 else per_sample.reshape(())
+    return per_sample.reshape(shape)
 
 
 @xla("aten::multi_margin_loss", static=("p",))
 def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=MEAN):
     ct = _ct()
-    return _multi_margin(self.astype(ct), target, p, jnp.asarray(margin, ct), weight, reduction)
+    return _multi_margin(self.astype(ct), target, p, jnp.asarray(margin, ct), weight, reduction,
+                         out_shape())
 
 
 @xla("aten::multi_margin_loss_backward", static=("p",))
 def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=MEAN):
     ct = _ct()
-    f = lambda x: _multi_margin(x, target, p, jnp.asarray(margin, ct), weight, reduction)
-    out, vjp = jax.vjp(f, self.astype(ct))
-    return vjp(grad_output.astype(ct).reshape(out.shape))[0]
+    g = grad_output.astype(ct)
+    f = lambda x: _multi_margin(x, target, p, jnp.asarray(margin, ct), weight, reduction, g.shape)
+    return jax.vjp(f, self.astype(ct))[1](g)[0]
 
 
-def _multilabel_margin(x, target, reduction):
+def _multilabel_margin(x, target, reduction, shape):
     """Loss and is_target: labels are target's entries up to the first -1."""
     x2, t = jnp.atleast_2d(x), jnp.atleast_2d(target)
     c = x2.shape[1]
@@ -225,19 +244,20 @@ def _multilabel_margin(x, target, reduction):
     elif reduction == SUM:
         loss = jnp.sum(per_sample)
     else:
-        loss = per_sample if x.ndim > 1 else per_sample.reshape(())
+        loss = per_sample.reshape(shape)
     return loss, is_target.reshape(x.shape)
 
 
 @xla("aten::multilabel_margin_loss_forward")
 def multilabel_margin_loss_forward(self, target, reduction):
     ct = _ct()
-    loss, is_target = _multilabel_margin(self.astype(ct), target, reduction)
+    loss, is_target = _multilabel_margin(self.astype(ct), target, reduction, out_shape(0))
     return loss, is_target.astype(ct)
 
 
 @xla("aten::multilabel_margin_loss_backward")
 def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
     ct = _ct()
-    out, vjp = jax.vjp(lambda x: _multilabel_margin(x, target, reduction)[0], self.astype(ct))
-    return vjp(grad_output.astype(ct).reshape(out.shape))[0]
+    g = grad_output.astype(ct)
+    f = lambda x: _multilabel_margin(x, target, reduction, g.shape)[0]
+    return jax.vjp(f, self.astype(ct))[1](g)[0]

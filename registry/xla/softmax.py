@@ -28,13 +28,13 @@ def _rowwise(fn: Callable[[jax.Array, int], jax.Array]) -> Callable[..., jax.Arr
 
 def softmax_along(x: jax.Array, axis: int) -> jax.Array:
     """exp(x - max) / sum(exp(x - max)): a row of all -inf gives NaN, as in torch."""
-    m = jnp.max(x, axis=axis, keepdims=True)
+    m = jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf)
     e = jnp.exp(x - jax.lax.stop_gradient(m))
     return e / jnp.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax_along(x: jax.Array, axis: int) -> jax.Array:
-    shifted = x - jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    shifted = x - jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True, initial=-jnp.inf))
     return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True))
 
 

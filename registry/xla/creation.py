@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
@@ -83,3 +84,47 @@ def clone(self, **kwargs):
 @xla("aten::copy_", "aten::copy")
 def copy(self, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+
+
+@xla("aten::eye", "aten::eye.m")
+def eye(n, m=None, **kwargs):
+    return jnp.eye(n, m, dtype=out_dtype())
+
+
+def _linspace_values(start, end, steps: int, dt):
+    """torch's symmetric linspace: from ``start`` for the first half, from ``end`` after,
+    so both ends are exact; integers and half types compute in float64/float32."""
+    if steps == 1:
+        return jnp.reshape(start, (1,)).astype(dt)
+    cdt = dt if dt in (jnp.float32, jnp.float64) else jnp.float64
+    start, end = jnp.asarray(start).astype(cdt), jnp.asarray(end).astype(cdt)
+    step = (end - start) / (steps - 1)
+    i = jnp.arange(steps)
+    return jnp.where(i < steps / 2, start + step * i.astype(cdt),
+                     end - step * (steps - 1 - i).astype(cdt))
+
+
+@xla("aten::linspace", "aten::linspace.Tensor_Scalar", "aten::linspace.Tensor_Tensor",
+     "aten::linspace.Scalar_Tensor")
+def linspace(start, end, steps, **kwargs):
+    dt = out_dtype()
+    return _linspace_values(start, end, steps, dt).astype(dt)
+
+
+@xla("aten::logspace", "aten::logspace.Tensor_Scalar", "aten::logspace.Tensor_Tensor",
+     "aten::logspace.Scalar_Tensor")
+def logspace(start, end, steps, base=10.0, **kwargs):
+    dt = out_dtype()
+    exps = _linspace_values(start, end, steps, jnp.float64)
+    return jnp.power(jnp.asarray(base).astype(jnp.float64), exps).astype(dt)
+
+
+def _tri_indices(fn):
+    def lower(row, col, offset=0, **kwargs):
+        rows, cols = fn(row, offset, col)   # static sizes: computed while tracing
+        return jnp.asarray(np.stack([rows, cols]), out_dtype()).reshape(out_shape())
+    return lower
+
+
+xla("aten::tril_indices", name="tril_indices")(_tri_indices(np.tril_indices))
+xla("aten::triu_indices", name="triu_indices")(_tri_indices(np.triu_indices))

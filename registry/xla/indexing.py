@@ -192,7 +192,7 @@ def index_mask(self, indices):
     """Boolean masks make the shape data-dependent: run eagerly, masks -> nonzero."""
     out = []
     for ix in indices:
-        out.extend(jnp.nonzero(ix) if _is_mask(ix) else [ix])
+        out.extend(np.nonzero(np.asarray(ix)) if _is_mask(ix) else [ix])
     return _read(self, _coords(out))
 
 
@@ -289,14 +289,13 @@ def masked_scatter_backward(grad_output, mask, sizes):
 @xla("aten::masked_select", data_dependent=True)
 def masked_select(self, mask):
     x, m = jnp.broadcast_arrays(self, mask)
-    return x[m]
+    return x.reshape(-1)[np.flatnonzero(np.asarray(m))]
 
 
 @xla("aten::nonzero", data_dependent=True)
 def nonzero(self):
-    if self.ndim == 0:
-        return jnp.zeros((int(self != 0), 0), jnp.int64)
-    return jnp.stack(jnp.nonzero(self), axis=1).astype(jnp.int64)
+    # the shape is only known from the values: count on the host (one sync)
+    return jnp.asarray(np.argwhere(np.asarray(self)), jnp.int64)
 
 
 @xla("aten::nonzero_static")
@@ -338,3 +337,38 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     g = jnp.where(keep[:, None], g, 0)
     out = jnp.zeros((num_weights, g.shape[1]), acc).at[idx].add(g, mode="drop")
     return out.reshape(out_shape()).astype(out_dtype())
+
+
+@xla("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bags of embedding rows reduced by sum (0), mean (1) or max (2).
+
+    Returns (output, offset2bag, bag_size, max_indices) with the shapes of torch's meta
+    function; values as the CPU kernel (bag_size is 0 in sum mode, as there)."""
+    n = indices.shape[0]
+    starts = offsets[:-1] if include_last_offset else offsets
+    bags = starts.shape[0]
+    pos = jnp.arange(n)
+    bag = jnp.searchsorted(starts, pos, side="right") - 1        # last bag starting at or before
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), jnp.bool_)
+    acc = jnp.float32 if weight.dtype in (jnp.bfloat16, jnp.float16) else weight.dtype
+    rows = jnp.take(weight, indices, axis=0, mode="fill", fill_value=0).astype(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(acc)[:, None]
+    count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, bags)
+    dt = out_dtype(0)
+    # with include_last_offset the meta function gives bag_size one entry per offset
+    sizes = jnp.pad(count, (0, out_shape(2)[0] - bags))
+    if mode == 2:
+        masked = jnp.where(valid[:, None], rows, -jnp.inf)
+        top = jax.ops.segment_max(masked, bag, bags)
+        first = jax.ops.segment_min(jnp.where((masked == top[bag]) & valid[:, None], pos[:, None], n), bag, bags)
+        max_idx = jnp.where(count[:, None] > 0, _read(indices, first), 0)
+        out = jnp.where(count[:, None] > 0, top, 0)
+        return out.astype(dt), bag, sizes, max_idx
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, bags)
+    if mode == 1:
+        out = out / jnp.maximum(count, 1)[:, None].astype(acc)
+    bag_size = sizes if mode == 1 else jnp.zeros_like(sizes)
+    return out.astype(dt), bag, bag_size, jnp.zeros(out_shape(3), jnp.int64)

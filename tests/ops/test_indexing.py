@@ -265,3 +265,23 @@ def test_out_of_range_is_dropped_or_filled():
     i = to_tpu(torch.tensor([1, 7]))
     assert torch.index_select(x, 0, i).cpu().tolist() == [1.0, 0.0]
     assert torch.index_put(x, (i,), to_tpu(torch.tensor([9.0, 9.0]))).cpu().tolist() == [0, 9, 2, 3]
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_embedding_bag(mode):
+    w, i = r(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    o = torch.tensor([0, 2, 2, 5])
+    for pad in (-1, 4):
+        out = check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, False, pad)[0], w, i, o)
+        res = aten._embedding_bag(to_tpu(w), to_tpu(i), to_tpu(o), False, mode, False, None, False, pad)
+        cpu = aten._embedding_bag(w, i, o, False, mode, False, None, False, pad)
+        if mode:  # CPU's sum fast path returns an empty offset2bag; the meta shape has one per index
+            assert torch.equal(res[1].cpu(), cpu[1]) and torch.equal(res[2].cpu(), cpu[2])
+        if mode == 2:
+            assert torch.equal(res[3].cpu(), cpu[3])
+    check(lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o, mode=("sum", "mean", "max")[mode],
+                                                             include_last_offset=True), w, i, torch.tensor([0, 3, 3, 8]))
+    check(lambda w, i, o: aten._embedding_bag_forward_only(w, i, o, False, mode)[0], w, i, o)
+    if mode == 0:
+        psw = r(8)
+        check(lambda w, i, o, p: torch.nn.functional.embedding_bag(i, w, o, per_sample_weights=p, mode="sum"), w, i, o, psw)

@@ -164,3 +164,26 @@ def test_complex_polar():
     check(lambda a, b: torch.complex(a, b), a, b)
     check(lambda a, b: torch.complex(a, b), a.double(), r(4).double())
     check(lambda a, b: torch.polar(a.abs(), b), a, b)
+
+
+# -- factories added to creation.py ---------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, BF16, torch.int64, torch.float64])
+def test_eye_linspace_logspace(dtype):
+    from helpers import assert_same
+    for fn in (lambda d: torch.eye(3, dtype=dtype, device=d), lambda d: torch.eye(2, 5, dtype=dtype, device=d),
+               lambda d: torch.linspace(-3, 10, 7, dtype=dtype, device=d),
+               lambda d: torch.linspace(0, 1, 1, dtype=dtype, device=d),
+               lambda d: torch.linspace(2, 5, 0, dtype=dtype, device=d),
+               lambda d: torch.logspace(0, 3, 4, dtype=dtype, device=d),
+               lambda d: torch.logspace(-1, 2, 5, base=2.0, dtype=dtype, device=d)):
+        assert_same(fn("cpu"), fn("tpu"))
+    assert_same(torch.linspace(0, 1, 11), torch.linspace(0, 1, 11, device="tpu"))
+    check(lambda s, e: torch.linspace(s, e, 9, dtype=dtype), torch.tensor(-2.0), torch.tensor(3.0))
+    check(lambda s: torch.logspace(s, 2.0, 4, dtype=dtype), torch.tensor(-1.0))
+
+
+def test_tri_indices():
+    from helpers import assert_same
+    for args in ((4, 3), (3, 5, 1), (5, 4, -2), (0, 3)):
+        assert_same(torch.tril_indices(*args), torch.tril_indices(*args, device="tpu"))
+        assert_same(torch.triu_indices(*args), torch.triu_indices(*args, device="tpu"))

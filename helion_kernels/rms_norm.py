@@ -1,0 +1,165 @@
+"""RMSNorm over the last dim(s): forward (saves rstd) and backward (dx, dweight).
+
+Public (JAX arrays in/out):
+    rms_norm(x, weight=None, eps=None) -> out                       (custom_vjp)
+    rms_norm_fwd(x, weight=None, eps=None, normalized_ndim=None) -> (out, rstd)
+    rms_norm_bwd(dy, x, weight, rstd) -> (dx, dweight or None)
+    supports(x_shape, x_dtype, weight_shape=None, weight_dtype=None) -> None | reason
+
+``rstd`` is float32 with shape ``x.shape[:-k] + (1,)*k`` like ``aten._fused_rms_norm``;
+``eps=None`` means ``finfo(x.dtype).eps`` as in torch. All math is in float32.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+import helion.language as hl
+
+from ._common import compute_dtype, dtype_reason, launch, pad2, reduce_tiles, row_block
+
+MAX_HIDDEN = 65536
+
+
+# ------------------------------------------------------------------ helion kernels
+
+def _rms_fwd_kernel(x: torch.Tensor, w: torch.Tensor, eps: hl.constexpr):
+    m, n = x.size()
+    y = torch.empty_like(x)
+    rstd = torch.empty([m, 1], dtype=torch.float32, device=x.device)
+    for tm in hl.tile(m):
+        xf = x[tm, :].to(torch.float32)
+        ms = torch.mean(xf * xf, dim=-1, keepdim=True)
+        rs = torch.rsqrt(ms + eps)
+        y[tm, :] = (xf * rs * w[:].to(torch.float32)[None, :]).to(y.dtype)
+        rstd[tm, :] = rs
+    return y, rstd
+
+
+def _rms_bwd_dx_kernel(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor):
+    m, n = x.size()
+    dx = torch.empty_like(x)
+    for tm in hl.tile(m):
+        xf = x[tm, :].to(torch.float32)
+        rs = rstd[tm, :]
+        xhat = xf * rs
+        wdy = dy[tm, :].to(torch.float32) * w[:].to(torch.float32)[None, :]
+        c = torch.mean(xhat * wdy, dim=-1, keepdim=True)
+        dx[tm, :] = ((wdy - xhat * c) * rs).to(dx.dtype)
+    return dx
+
+
+def _rms_bwd_dw_kernel(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor):
+    m, n = x.size()
+    dw = torch.empty([n], dtype=torch.float32, device=x.device)
+    for tn in hl.tile(n):
+        acc = hl.zeros([tn], dtype=torch.float32)
+        for tm in hl.tile(m):
+            prod = dy[tm, tn].to(torch.float32) * x[tm, tn].to(torch.float32) * rstd[tm, :]
+            acc = acc + torch.sum(prod, dim=0)
+        dw[tn] = acc
+    return dw
+
+
+# ------------------------------------------------------------------ configs
+
+def _row_cfg(rows: int, n: int) -> dict:
+    return {"block_sizes": [row_block(rows, n)]}
+
+
+def _column_sum(kernel, dy2, x2, r2):
+    """Launch a column-reduction kernel on whole tiles (zero padding is neutral)."""
+    rows, n = x2.shape
+    bm, bn, rp, cp = reduce_tiles(rows, n)
+    cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
+    out = launch(kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp), pad2(r2, rp, 1))
+    return out[:n]
+
+
+# ------------------------------------------------------------------ checks
+
+def supports(x_shape, x_dtype, weight_shape=None, weight_dtype=None, normalized_ndim: int | None = None) -> str | None:
+    """None if the kernel handles these arguments, else why not."""
+    r = dtype_reason(x_dtype, *([weight_dtype] if weight_dtype is not None else []))
+    if r:
+        return r
+    k = normalized_ndim if normalized_ndim is not None else (len(weight_shape) if weight_shape is not None else 1)
+    if len(x_shape) < max(k, 1):
+        return f"input rank {len(x_shape)} < normalized rank {k}"
+    if weight_shape is not None and tuple(x_shape[len(x_shape) - k:]) != tuple(weight_shape):
+        return "weight shape does not match the normalized dims"
+    n = math.prod(x_shape[len(x_shape) - k:])
+    if n == 0 or math.prod(x_shape) == 0:
+        return "zero-size input"
+    if n > MAX_HIDDEN:
+        return f"hidden {n} > {MAX_HIDDEN} (row does not fit a VMEM block)"
+    return None
+
+
+# ------------------------------------------------------------------ wrappers
+
+def _prep(x, weight, normalized_ndim):
+    x = compute_dtype(jnp.asarray(x))
+    k = normalized_ndim if normalized_ndim is not None else (weight.ndim if weight is not None else 1)
+    lead = x.shape[: x.ndim - k]
+    n = math.prod(x.shape[x.ndim - k:])
+    rows = math.prod(lead)
+    w2 = jnp.ones((n,), x.dtype) if weight is None else compute_dtype(jnp.asarray(weight)).reshape(n)
+    return x.reshape(rows, n), w2, lead, k, rows, n
+
+
+def rms_norm_fwd(x, weight=None, eps=None, normalized_ndim=None):
+    """-> (out [x.shape, x.dtype], rstd [lead + (1,)*k, float32])."""
+    x = compute_dtype(jnp.asarray(x))
+    if eps is None:
+        eps = float(jnp.finfo(x.dtype).eps)
+    x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
+    out, rstd = launch(_rms_fwd_kernel, _row_cfg(rows, n), x2, w2, float(eps))
+    return out.reshape(x.shape), rstd.reshape(lead + (1,) * k)
+
+
+def rms_norm_bwd(dy, x, weight, rstd, normalized_ndim=None):
+    """-> (dx like x, dweight like weight or None when weight is None)."""
+    x = compute_dtype(jnp.asarray(x))
+    x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
+    dy2 = compute_dtype(jnp.asarray(dy)).astype(x2.dtype).reshape(rows, n)
+    r2 = jnp.asarray(rstd, jnp.float32).reshape(rows, 1)
+    dx = launch(_rms_bwd_dx_kernel, _row_cfg(rows, n), dy2, x2, w2, r2)
+    dw = None
+    if weight is not None:
+        dw = _column_sum(_rms_bwd_dw_kernel, dy2, x2, r2)
+        dw = dw.reshape(weight.shape).astype(compute_dtype(jnp.asarray(weight)).dtype)
+    return dx.reshape(x.shape), dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm(x, weight, eps):
+    return rms_norm_fwd(x, weight, eps)[0]
+
+
+def _rms_norm_f(x, weight, eps):
+    out, rstd = rms_norm_fwd(x, weight, eps)
+    return out, (x, weight, rstd)
+
+
+def _rms_norm_b(eps, res, dy):
+    x, weight, rstd = res
+    dx, dw = rms_norm_bwd(dy, x, weight, rstd)
+    return dx.astype(x.dtype), dw.astype(weight.dtype)
+
+
+_rms_norm.defvjp(_rms_norm_f, _rms_norm_b)
+
+
+def rms_norm(x, weight=None, eps=None):
+    """torch.nn.functional.rms_norm(x, weight.shape, weight, eps); differentiable."""
+    x = compute_dtype(jnp.asarray(x))
+    if eps is None:
+        eps = float(jnp.finfo(x.dtype).eps)
+    if weight is None:
+        w = jnp.ones(x.shape[-1:], x.dtype)
+        return _rms_norm(x, w, float(eps))
+    return _rms_norm(x, compute_dtype(jnp.asarray(weight)), float(eps))

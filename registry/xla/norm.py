@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from tpu_kernels.registry.context import out_meta
+from tpu_kernels.registry.context import out_meta, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 
@@ -30,7 +30,10 @@ def _normalize_backward(x, g, mean, rstd, axes):
 
 
 def _wanted(i: int) -> bool:
-    """Torch returns a tensor (not None) for output ``i`` of the op being lowered."""
+    """Torch's meta returns a tensor (not None) for output ``i`` of the op being lowered.
+
+    Backwards follow this rather than ``output_mask``: the meta functions sometimes return
+    a gradient the mask did not ask for (and None for a missing weight's)."""
     try:
         out_meta(i)
         return True
@@ -73,9 +76,9 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     axes = _trailing(x, normalized_shape)
     outer = tuple(range(x.ndim - len(axes)))
     g = go if weight is None else go * weight.astype(acc)
-    dx = _normalize_backward(x, g, mean, rstd, axes) if output_mask[0] else None
-    dw = (go * (x - mean) * rstd).sum(outer) if output_mask[1] and weight is not None else None
-    db = go.sum(outer) if output_mask[2] and bias is not None else None
+    dx = _normalize_backward(x, g, mean, rstd, axes) if _wanted(0) else None
+    dw = (go * (x - mean) * rstd).sum(outer) if _wanted(1) else None
+    db = go.sum(outer) if _wanted(2) else None
     return _masked(dx, dw, db)
 
 
@@ -100,9 +103,9 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
     axes = _trailing(x, normalized_shape)
     xhat = x * rstd
     g = go if weight is None else go * weight.astype(acc)
-    dx = rstd * (g - xhat * (g * xhat).mean(axes, keepdims=True)) if output_mask[0] else None
+    dx = rstd * (g - xhat * (g * xhat).mean(axes, keepdims=True)) if _wanted(0) else None
     dw = None
-    if output_mask[1] and weight is not None:
+    if _wanted(1):
         dw = (go * xhat).sum(tuple(range(x.ndim - len(axes))))
     return _masked(dx, dw)
 
@@ -130,13 +133,13 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     mean = mean.astype(acc).reshape(N, group, 1)
     rstd = rstd.astype(acc).reshape(N, group, 1)
     dx = dw = db = None
-    if output_mask[0]:
+    if _wanted(0):
         g = go if weight is None else go * weight.astype(acc)[:, None]
         dx = _normalize_backward(x, g.reshape(x.shape), mean, rstd, (2,)).reshape(input.shape)
-    if output_mask[1]:
+    if _wanted(1):
         xhat = ((x - mean) * rstd).reshape(N, C, HxW)
         dw = (go * xhat).sum((0, 2))
-    if output_mask[2]:
+    if _wanted(2):
         db = go.sum((0, 2))
     return _masked(dx, dw, db)
 
@@ -147,12 +150,12 @@ def _channel(v, ndim):
     return v.reshape((1, -1) + (1,) * (ndim - 2))
 
 
-def _affine(y, weight, bias):
-    if weight is not None:
-        y = y * _channel(weight.astype(y.dtype), y.ndim)
-    if bias is not None:
-        y = y + _channel(bias.astype(y.dtype), y.ndim)
-    return y
+def _scale_shift(x, mean, invstd, weight, bias):
+    """``(x - mean) * invstd * weight + bias`` as one scale and shift per channel, as torch's
+    CPU kernel computes it (per-channel vectors in, ``x``'s layout out)."""
+    alpha = invstd if weight is None else invstd * weight.astype(invstd.dtype)
+    beta = -mean * alpha if bias is None else bias.astype(alpha.dtype) - mean * alpha
+    return x * _channel(alpha, x.ndim) + _channel(beta, x.ndim)
 
 
 def _reduce_axes(x):
@@ -164,16 +167,21 @@ def _bn_train(input, weight, bias, eps):
     acc = float_compute(input.dtype)
     x = input.astype(acc)
     mean, var = _stats(x, _reduce_axes(x))
+    mean, var = mean.reshape(-1), var.reshape(-1)
     invstd = lax.rsqrt(var + eps)
-    y = _affine((x - mean) * invstd, weight, bias)
-    return y, mean.reshape(-1), invstd.reshape(-1), var.reshape(-1)
+    return _scale_shift(x, mean, invstd, weight, bias), mean, invstd, var
 
 
 def _bn_eval(input, weight, bias, running_mean, running_var, eps):
+    """Normalise with running statistics: (y, saved mean, saved invstd) as torch's meta shapes them
+    (the running stats on accelerators, empty on CPU)."""
     acc = float_compute(input.dtype)
     x = input.astype(acc)
-    invstd = lax.rsqrt(_channel(running_var.astype(acc), x.ndim) + eps)
-    return _affine((x - _channel(running_mean.astype(acc), x.ndim)) * invstd, weight, bias)
+    mean, invstd = running_mean.astype(acc), lax.rsqrt(running_var.astype(acc) + eps)
+    y = _scale_shift(x, mean, invstd, weight, bias)
+    if out_shape(1) == (0,) or mean.shape == (0,):
+        return y, jnp.zeros((0,), acc), jnp.zeros((0,), acc)
+    return y, mean, invstd
 
 
 def _updated(running_mean, running_var, mean, var, momentum, n):
@@ -182,10 +190,6 @@ def _updated(running_mean, running_var, mean, var, momentum, n):
     unbiased = var * (n / (n - 1)) if n > 1 else var * jnp.nan  # torch: 0/0
     new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
     return new_mean, new_var
-
-
-def _empty_stats(input):
-    return jnp.zeros((0,), float_compute(input.dtype))
 
 
 def _count(input):
@@ -203,15 +207,13 @@ def _bn_refuses_legacy_update(input, weight, bias, running_mean, running_var, tr
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if training:
         return _bn_train(input, weight, bias, eps)[:3]
-    y = _bn_eval(input, weight, bias, running_mean, running_var, eps)
-    return y, _empty_stats(input), _empty_stats(input)
+    return _bn_eval(input, weight, bias, running_mean, running_var, eps)
 
 
 @xla("aten::_native_batch_norm_legit.default")
 def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if not training:
-        y = _bn_eval(input, weight, bias, running_mean, running_var, eps)
-        return y, _empty_stats(input), _empty_stats(input), None, None
+        return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), None, None)
     y, mean, invstd, var = _bn_train(input, weight, bias, eps)
     return (y, mean, invstd, *_updated(running_mean, running_var, mean, var, momentum, _count(input)))
 
@@ -223,9 +225,8 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
 
 @xla("aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_no_update")
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    y = _bn_eval(input, weight, bias, running_mean, running_var, eps)
     reserve = (jnp.zeros((0,), jnp.uint8),) if _wanted(3) else ()
-    return (y, _empty_stats(input), _empty_stats(input), *reserve)
+    return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), *reserve)
 
 
 @xla("aten::_batch_norm_with_update", "aten::_batch_norm_with_update_functional")
@@ -247,11 +248,11 @@ def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, 
     mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
     g = go if weight is None else go * _channel(weight.astype(acc), x.ndim)
     dx = dw = db = None
-    if output_mask[0]:
+    if _wanted(0):
         dx = _normalize_backward(x, g, mean, invstd, axes) if train else g * invstd
-    if output_mask[1]:
+    if _wanted(1):
         dw = (go * (x - mean) * invstd).sum(axes)
-    if output_mask[2]:
+    if _wanted(2):
         db = go.sum(axes)
     return _masked(dx, dw, db)
 

@@ -1,0 +1,303 @@
+"""Pooling lowerings: max (with torch's flat indices), average, adaptive, fractional, unpool.
+
+Spatial dims are the trailing ``nd`` dims; leading dims (batch, channels) are optional
+as in torch. Max pools gather each window (indices are static numpy tables, or per plane
+for fractional pooling), so values and the flat index ``h * W + w`` within each input
+plane come from one pass; backwards scatter the gradient through those indices.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import float_compute
+
+
+def _tup(v: int | Sequence[int], nd: int, default: Sequence[int] | None = None) -> tuple[int, ...]:
+    """An int-list argument expanded to ``nd`` entries (empty: ``default``)."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    if not v:
+        return tuple(default)
+    return v * nd if len(v) == 1 else v
+
+
+# -- window tables ------------------------------------------------------------------------------
+def _strided_windows(n: int, out: int, k: int, s: int, p: int, d: int):
+    """(out, k) input positions of each window of a strided pool, and which are inside."""
+    idx = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
+    return idx, (idx >= 0) & (idx < n)
+
+
+def _adaptive_windows(n: int, out: int):
+    """torch's adaptive windows: [floor(i*n/out), ceil((i+1)*n/out))."""
+    start = (np.arange(out) * n) // out
+    end = -((-(np.arange(out) + 1) * n) // out)
+    k = int((end - start).max()) if out else 0
+    idx = start[:, None] + np.arange(k)[None, :]
+    return idx, idx < end[:, None]
+
+
+def _flat_table(tables, sizes):
+    """Per-dim (out_d, k_d) tables -> flat plane index and validity of shape (*out, prod k)."""
+    nd = len(tables)
+    flat, valid = 0, True
+    plane_stride = np.cumprod((1,) + tuple(sizes[::-1]))[::-1][1:]
+    for d, (idx, ok) in enumerate(tables):
+        shape = [1] * (2 * nd)
+        shape[d], shape[nd + d] = idx.shape
+        flat = flat + np.clip(idx, 0, None).reshape(shape) * plane_stride[d]
+        valid = valid & ok.reshape(shape)
+    outs = tuple(t[0].shape[0] for t in tables)
+    flat = np.broadcast_to(flat, outs + tuple(t[0].shape[1] for t in tables))
+    valid = np.broadcast_to(valid, flat.shape)
+    return flat.reshape(outs + (-1,)), valid.reshape(outs + (-1,))
+
+
+# -- max pooling ---------------------------------------------------------------------------------
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _window_max(x: jax.Array, nd: int, flat, valid) -> tuple[jax.Array, jax.Array]:
+    """Max over windows given by flat plane indices ``flat`` (*out, K) (or per plane:
+    (*lead, *out, K)); returns values and the int64 flat index of the first maximum
+    (NaN counts as the maximum, as in torch)."""
+    lead = x.shape[:-nd]
+    planes = x.reshape(lead + (-1,))
+    outs = flat.shape[-1 - nd:-1]
+    if isinstance(flat, np.ndarray):
+        vals = planes[..., flat.reshape(-1)].reshape(lead + flat.shape)
+    else:
+        vals = jnp.take_along_axis(planes, flat.reshape(lead + (-1,)), axis=-1).reshape(flat.shape)
+    vals = jnp.where(valid, vals, _lowest(x.dtype))
+    m = vals.max(-1, keepdims=True)  # NaN propagates
+    hit = valid & ((vals == m) | (jnp.isnan(vals) & jnp.isnan(m)))
+    k = jnp.argmax(hit, axis=-1)[..., None]
+    flat_b = jnp.broadcast_to(jnp.asarray(flat, jnp.int64), lead + tuple(outs) + (flat.shape[-1],))
+    idx = jnp.take_along_axis(flat_b, k, axis=-1)[..., 0]
+    return m[..., 0], idx
+
+
+def _max_pool(self, nd, kernel_size, stride, padding, dilation):
+    k = _tup(kernel_size, nd)
+    s, p, d = _tup(stride, nd, k), _tup(padding, nd), _tup(dilation, nd)
+    sizes = self.shape[-nd:]
+    outs = out_shape(0)[-nd:]
+    tables = [_strided_windows(*a) for a in zip(sizes, outs, k, s, p, d)]
+    return _window_max(self, nd, *_flat_table(tables, sizes))
+
+
+@xla("aten::max_pool2d_with_indices")
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation)
+
+
+@xla("aten::max_pool3d_with_indices")
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation)
+
+
+def _scatter_to_planes(grad_output, self, indices, nd: int):
+    """Add each output gradient into its input position (the flat plane index)."""
+    acc = float_compute(grad_output.dtype)
+    b = math.prod(self.shape[:-nd])
+    g = grad_output.astype(acc).reshape(b, -1)
+    idx = indices.reshape(b, -1)
+    out = jnp.zeros((b, math.prod(self.shape[-nd:])), acc)
+    out = out.at[jnp.arange(b)[:, None], idx].add(g, mode="drop")
+    return out.reshape(self.shape).astype(out_dtype())
+
+
+@xla("aten::max_pool2d_with_indices_backward")
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _scatter_to_planes(grad_output, self, indices, 2)
+
+
+@xla("aten::max_pool3d_with_indices_backward")
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    return _scatter_to_planes(grad_output, self, indices, 3)
+
+
+def _adaptive_max(nd):
+    def lower(self, output_size):
+        sizes = self.shape[-nd:]
+        tables = [_adaptive_windows(n, o) for n, o in zip(sizes, output_size)]
+        return _window_max(self, nd, *_flat_table(tables, sizes))
+    return lower
+
+
+def _adaptive_max_backward(nd):
+    def lower(grad_output, self, indices):
+        return _scatter_to_planes(grad_output, self, indices, nd)
+    return lower
+
+
+for _nd in (2, 3):
+    xla(f"aten::adaptive_max_pool{_nd}d", name=f"adaptive_max_pool{_nd}d")(_adaptive_max(_nd))
+    xla(f"aten::adaptive_max_pool{_nd}d_backward",
+        name=f"adaptive_max_pool{_nd}d_backward")(_adaptive_max_backward(_nd))
+
+
+# -- fractional max pooling -----------------------------------------------------------------------
+def _fractional_starts(sample, n: int, out: int, k: int):
+    """torch's pseudo-random window starts for one dim; ``sample`` (*lead,) in [0, 1)."""
+    if out == 1:
+        return jnp.full(sample.shape + (1,), n - k, jnp.int64)
+    alpha = jnp.asarray((n - k) / (out - 1), sample.dtype)
+    i = jnp.arange(out - 1, dtype=sample.dtype)
+    starts = (((i + sample[..., None]) * alpha).astype(jnp.int64)
+              - (sample[..., None] * alpha).astype(jnp.int64))
+    last = jnp.full(sample.shape + (1,), n - k, jnp.int64)
+    return jnp.concatenate([starts, last], axis=-1)
+
+
+def _fractional(nd):
+    def lower(self, kernel_size, output_size, random_samples):
+        sizes = self.shape[-nd:]
+        lead = self.shape[:-nd]
+        samples = random_samples.reshape(lead + (nd,))
+        flat = 0
+        stride = 1
+        # random_samples[..., 0] drives the last (width) dim, [..., 1] the one before, ...
+        for j, d in enumerate(reversed(range(nd))):
+            starts = _fractional_starts(samples[..., j], sizes[d], output_size[d], kernel_size[d])
+            idx = starts[..., :, None] + jnp.arange(kernel_size[d])       # (*lead, out_d, k_d)
+            shape = list(lead) + [1] * (2 * nd)
+            shape[len(lead) + d], shape[len(lead) + nd + d] = output_size[d], kernel_size[d]
+            flat = flat + idx.reshape(shape) * stride
+            stride *= sizes[d]
+        flat = jnp.broadcast_to(flat, lead + tuple(output_size) + tuple(kernel_size))
+        flat = flat.reshape(lead + tuple(output_size) + (-1,))
+        return _window_max(self, nd, flat, jnp.ones((), bool))
+    return lower
+
+
+def _fractional_backward(nd):
+    def lower(grad_output, self, kernel_size, output_size, indices):
+        return _scatter_to_planes(grad_output, self, indices, nd)
+    return lower
+
+
+for _nd in (2, 3):
+    xla(f"aten::fractional_max_pool{_nd}d", name=f"fractional_max_pool{_nd}d")(_fractional(_nd))
+    xla(f"aten::fractional_max_pool{_nd}d_backward",
+        name=f"fractional_max_pool{_nd}d_backward")(_fractional_backward(_nd))
+
+
+# -- max unpooling ----------------------------------------------------------------------------------
+def _unpool(self, indices, output_size):
+    nd = len(output_size)
+    lead = self.shape[:-nd]
+    b = math.prod(lead)
+    out = jnp.zeros((b, math.prod(output_size)), self.dtype)
+    out = out.at[jnp.arange(b)[:, None], indices.reshape(b, -1)].set(self.reshape(b, -1), mode="drop")
+    return out.reshape(lead + tuple(output_size))
+
+
+@xla("aten::max_unpool2d")
+def max_unpool2d(self, indices, output_size):
+    return _unpool(self, indices, output_size)
+
+
+@xla("aten::max_unpool3d")
+def max_unpool3d(self, indices, output_size, stride, padding):
+    return _unpool(self, indices, output_size)
+
+
+# -- average pooling --------------------------------------------------------------------------------
+def avg_pool_nd(x, outs, kernel_size, stride, padding, count_include_pad, divisor_override):
+    """torch's avg_pool over the trailing ``len(outs)`` dims, output spatial size ``outs``."""
+    nd = len(outs)
+    k = _tup(kernel_size, nd)
+    s, p = _tup(stride, nd, k), _tup(padding, nd)
+    sizes = x.shape[-nd:]
+    lead = x.ndim - nd
+    # extra high padding for ceil_mode windows that run past the padded input
+    extra = [max(0, (o - 1) * st + kk - (n + 2 * pp)) for o, st, kk, n, pp in zip(outs, s, k, sizes, p)]
+    pads = [(0, 0)] * lead + [(pp, pp + e) for pp, e in zip(p, extra)]
+    acc = float_compute(x.dtype)
+    sums = lax.reduce_window(jnp.pad(x.astype(acc), pads), np.zeros((), acc), lax.add,
+                             (1,) * lead + k, (1,) * lead + s, "VALID")
+    sums = sums[(...,) + tuple(slice(0, o) for o in outs)]
+    if divisor_override is not None:
+        return sums / divisor_override
+    # count_include_pad counts the conv padding but never the ceil_mode overhang
+    inner = [(n + 2 * pp) if count_include_pad else n for n, pp in zip(sizes, p)]
+    mask_pads = [(0, e) if count_include_pad else (pp, pp + e) for pp, e in zip(p, extra)]
+    mask = jnp.pad(jnp.ones(inner, acc), mask_pads)
+    counts = lax.reduce_window(mask, np.zeros((), acc), lax.add, k, s, "VALID")
+    return sums / counts[tuple(slice(0, o) for o in outs)]
+
+
+def _avg_pool(nd):
+    def lower(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+        y = avg_pool_nd(self, out_shape()[-nd:], kernel_size, stride, padding, count_include_pad,
+                        divisor_override)
+        return y.astype(out_dtype())
+    return lower
+
+
+def _avg_pool_backward(nd):
+    def lower(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+              divisor_override):
+        acc = float_compute(self.dtype)
+
+        def f(x):
+            return avg_pool_nd(x, grad_output.shape[-nd:], kernel_size, stride, padding,
+                               count_include_pad, divisor_override)
+        _, vjp = jax.vjp(f, self.astype(acc))
+        return vjp(grad_output.astype(acc))[0].astype(out_dtype())
+    return lower
+
+
+for _nd in (1, 2, 3):
+    xla(f"aten::avg_pool{_nd}d", name=f"avg_pool{_nd}d")(_avg_pool(_nd))
+for _nd in (2, 3):
+    xla(f"aten::avg_pool{_nd}d_backward", name=f"avg_pool{_nd}d_backward")(_avg_pool_backward(_nd))
+
+
+# -- adaptive average pooling --------------------------------------------------------------------------
+def adaptive_avg_pool_nd(x, output_size):
+    """torch's adaptive average pool over the trailing ``len(output_size)`` dims."""
+    nd = len(output_size)
+    acc = float_compute(x.dtype)
+    y = x.astype(acc)
+    for j, o in enumerate(output_size):
+        axis = x.ndim - nd + j
+        idx, ok = _adaptive_windows(x.shape[axis], o)
+        w = jnp.take(y, jnp.asarray(np.clip(idx, 0, max(x.shape[axis] - 1, 0)).reshape(-1)), axis=axis)
+        w = w.reshape(y.shape[:axis] + idx.shape + y.shape[axis + 1:])
+        okb = ok.reshape(ok.shape + (1,) * (y.ndim - axis - 1))
+        y = jnp.where(okb, w, 0).sum(axis + 1) / ok.sum(1).reshape((-1,) + (1,) * (y.ndim - axis - 1))
+    return y
+
+
+def _adaptive_avg(nd):
+    def lower(self, output_size):
+        return adaptive_avg_pool_nd(self, tuple(output_size)).astype(out_dtype())
+    return lower
+
+
+def _adaptive_avg_backward(nd):
+    def lower(grad_output, self):
+        acc = float_compute(self.dtype)
+        _, vjp = jax.vjp(lambda x: adaptive_avg_pool_nd(x, grad_output.shape[-nd:]), self.astype(acc))
+        return vjp(grad_output.astype(acc))[0].astype(out_dtype())
+    return lower
+
+
+xla("aten::adaptive_avg_pool1d", name="adaptive_avg_pool1d")(_adaptive_avg(1))
+for _nd in (2, 3):
+    xla(f"aten::_adaptive_avg_pool{_nd}d", name=f"_adaptive_avg_pool{_nd}d")(_adaptive_avg(_nd))
+    xla(f"aten::_adaptive_avg_pool{_nd}d_backward",
+        name=f"_adaptive_avg_pool{_nd}d_backward")(_adaptive_avg_backward(_nd))

@@ -1,0 +1,146 @@
+"""Parity tests for layer/group/batch/RMS/weight norm and their backwards."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import assert_same, check, to_tpu
+
+aten = torch.ops.aten
+
+
+def _r(*shape, dtype=torch.float32, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed + 7 * len(shape) + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype).requires_grad_(grad)
+
+
+def check_bf16_vs_f32(fn, *args):
+    """bf16 on tpu against the float32 computation rounded to bf16.
+
+    Torch's CPU kernels keep the saved statistics of bf16 norms in bf16 while its meta
+    functions (our spec) make them float32; the float32 reference is the accurate one."""
+    ref_args = [a.detach().float().requires_grad_(a.requires_grad) for a in args]
+    ref = fn(*ref_args)
+    targs = to_tpu(args)
+    out = fn(*targs)
+    assert_same(ref.to(torch.bfloat16), out, "value")
+    cot = _r(*ref.shape, seed=5).to(torch.bfloat16)
+    ins = [a for a in ref_args if a.requires_grad]
+    tins = [a for a in targs if a.requires_grad]
+    ge = torch.autograd.grad(ref, ins, cot.float())
+    ga = torch.autograd.grad(out, tins, to_tpu(cot))
+    assert_same([g.to(torch.bfloat16) for g in ge], ga, "grad")
+
+
+def test_layer_norm():
+    x, w, b = _r(3, 5, 7, grad=True), _r(5, 7, grad=True), _r(5, 7, grad=True)
+    check(lambda x, w, b: F.layer_norm(x, (5, 7), w, b, eps=1e-3), x, w, b, grad=True)
+    check(lambda x: F.layer_norm(x, (7,)), x, grad=True)
+
+
+def test_layer_norm_bf16():
+    bf = torch.bfloat16
+    x, w, b = _r(3, 5, 7, dtype=bf, grad=True), _r(7, dtype=bf, grad=True), _r(7, dtype=bf, grad=True)
+    check(lambda x, w, b: F.layer_norm(x, (7,), w, b), x, w, b)
+    check_bf16_vs_f32(lambda x, w, b: F.layer_norm(x, (7,), w, b), x, w, b)
+
+
+def test_layer_norm_noncontiguous_and_ops():
+    x = _r(7, 4, grad=False).t()
+    check(lambda x, w: F.layer_norm(x, (7,), w), x, _r(7, grad=True))
+    check(lambda x: aten.native_layer_norm(x, [6], None, None, 1e-5), _r(2, 0, 6))
+    x, w, b = _r(4, 6), _r(6), _r(6)
+    mean, rstd = aten.native_layer_norm(x, [6], w, b, 1e-5)[1:]
+    g = _r(4, 6, seed=1)
+    for mask in ([True, False, False], [False, True, True]):
+        check(lambda g, x, m, r, w, b: aten.native_layer_norm_backward(g, x, [6], m, r, w, b, mask),
+              g, x, mean, rstd, w, b)
+
+
+def test_group_norm():
+    x, w, b = _r(2, 6, 5, 3, grad=True), _r(6, grad=True), _r(6, grad=True)
+    check(lambda x, w, b: F.group_norm(x, 3, w, b), x, w, b, grad=True)
+    check(lambda x: F.group_norm(x, 2), _r(3, 4, 7, grad=True), grad=True)
+    bf = torch.bfloat16
+    xb, wb, bb = _r(2, 6, 5, dtype=bf, grad=True), _r(6, dtype=bf, grad=True), _r(6, dtype=bf, grad=True)
+    # group norm's saved statistics are bf16 for bf16 input (meta and CPU agree)
+    check(lambda x, w, b: F.group_norm(x, 3, w, b), xb, wb, bb, grad=True)
+
+
+def _bn_case(training, dtype=torch.float32, shape=(4, 3, 5, 6)):
+    x = _r(*shape, dtype=dtype, grad=True)
+    w, b = _r(shape[1], grad=True), _r(shape[1], grad=True)
+    rm, rv = _r(shape[1], seed=3), _r(shape[1], seed=4).abs() + 0.5
+    return x, w, b, rm, rv
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (5, 3), (2, 3, 4)])
+def test_batch_norm(training, shape):
+    x, w, b, rm, rv = _bn_case(training, shape=shape)
+    trm, trv = to_tpu(rm), to_tpu(rv)
+    check(lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training, 0.3, 1e-4), x, w, b, rm.clone(),
+          rv.clone(), grad=True)
+    # running stats, mutated in place
+    F.batch_norm(x.detach(), rm, rv, w.detach(), b.detach(), training, 0.3, 1e-4)
+    F.batch_norm(to_tpu(x.detach()), trm, trv, to_tpu(w.detach()), to_tpu(b.detach()), training, 0.3, 1e-4)
+    assert_same(rm, trm, "running_mean")
+    assert_same(rv, trv, "running_var")
+
+
+def test_batch_norm_no_stats_bf16():
+    x = _r(4, 3, 5, dtype=torch.bfloat16, grad=True)
+    # torch's CPU kernel normalises bf16 with bf16-rounded statistics; meta makes them float32
+    check_bf16_vs_f32(lambda x: F.batch_norm(x, None, None, training=True), x)
+
+
+def test_batch_norm_legit_ops():
+    x, w, b, rm, rv = _bn_case(True)
+    x, w, b = x.detach(), w.detach(), b.detach()
+    check(aten._native_batch_norm_legit.no_stats, x, w, b, True, 0.1, 1e-5)
+    check(aten._batch_norm_with_update_functional.default, x, w, b, rm, rv, 0.1, 1e-5)
+    # in eval mode torch's meta (accelerator) convention saves the running stats where the
+    # CPU kernel saves empty tensors: compare the normalised output only
+    check(lambda *a: aten._native_batch_norm_legit_no_training(*a)[0], x, w, b, rm, rv, 0.1, 1e-5)
+    for op, args, saved in [
+        (aten._native_batch_norm_legit.default, (x, w, b, rm.clone(), rv.clone(), True, 0.2, 1e-5), 3),
+        (aten._native_batch_norm_legit.default, (x, w, b, rm.clone(), rv.clone(), False, 0.2, 1e-5), 1),
+        (aten._batch_norm_with_update.default, (x, w, b, rm.clone(), rv.clone(), 0.2, 1e-5), 3),
+    ]:
+        targs = to_tpu(args)
+        assert_same(op(*args)[:saved], op(*targs)[:saved], str(op))
+        assert_same(args[3:5], targs[3:5], f"{op} running stats")
+
+
+def test_batch_norm_backward_ops():
+    x, w, b, rm, rv = (t.detach() for t in _bn_case(True))
+    g = _r(*x.shape, seed=9)
+    _, sm, si = aten.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+    for train in (True, False):
+        for mask in ([True, True, True], [True, False, False], [False, True, True]):
+            # meta returns grad_input even when unmasked (CPU: None): compare what was asked
+            check(lambda g, x, w, rm, rv, sm, si: [t for t, m in zip(aten.native_batch_norm_backward(
+                g, x, w, rm, rv, sm, si, train, 1e-5, mask), mask) if m], g, x, w, rm, rv, sm, si)
+    check(lambda g, x, w, rm, rv, sm, si, r: aten.batch_norm_backward(
+        g, x, w, rm, rv, sm, si, True, 1e-5, [True, True, True], r),
+        g, x, w, rm, rv, sm, si, torch.empty(0, dtype=torch.uint8))
+
+
+def test_rms_norm():
+    x, w = _r(3, 4, 6, grad=True), _r(6, grad=True)
+    check(lambda x, w: F.rms_norm(x, (6,), w, eps=1e-5), x, w, grad=True)
+    check(lambda x: F.rms_norm(x, (4, 6)), x, grad=True)
+    xd, wd = x.detach(), w.detach()
+    check(lambda x, w: aten._fused_rms_norm(x, [6], w, 1e-6), xd, wd)
+
+
+def test_weight_norm():
+    v, g = _r(5, 3, 2, grad=True), _r(5, 1, 1, grad=True)
+    check(lambda v, g: torch._weight_norm(v, g, 0), v, g, grad=True)
+    v2, g2 = _r(4, 6, grad=True), _r(1, 6, grad=True)
+    check(lambda v, g: torch._weight_norm(v, g, 1), v2, g2, grad=True)
+    vd, gd = v.detach(), g.detach()
+    w, norms = aten._weight_norm_interface(vd, gd, 0)
+    check(lambda gw, v, g, n: aten._weight_norm_interface_backward(gw, v, g, n, 0), _r(5, 3, 2, seed=2), vd, gd,
+          norms)

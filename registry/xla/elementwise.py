@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 import torch
 from jax import lax
@@ -50,6 +51,11 @@ def _angle(x):
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros_like(x)))
 
 
+def _digamma(x):
+    # torch: digamma(+-0) = -+inf
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.scipy.special.digamma(x))
+
+
 # float results (int inputs promote to the default float), computed in float32 for half types
 UNARY_FLOAT: dict[str, Callable] = {
     "exp": jnp.exp, "exp2": jnp.exp2, "expm1": jnp.expm1, "log": jnp.log, "log2": jnp.log2,
@@ -59,6 +65,7 @@ UNARY_FLOAT: dict[str, Callable] = {
     "cosh": jnp.cosh, "asinh": jnp.arcsinh, "acosh": jnp.arccosh, "atanh": jnp.arctanh,
     "sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh, "erf": lax.erf, "erfc": lax.erfc,
     "erfinv": lax.erf_inv, "sinc": jnp.sinc, "deg2rad": _rad, "rad2deg": _deg, "angle": _angle,
+    "lgamma": jax.scipy.special.gammaln, "digamma": _digamma, "i0": jax.scipy.special.i0,
 }
 
 
@@ -68,7 +75,9 @@ def _keep_int(fn):
 
 
 def _sign(x):
-    return x if _is_bool(x.dtype) else jnp.sign(x)
+    if _is_bool(x.dtype) or jnp.iscomplexobj(x):
+        return x if _is_bool(x.dtype) else jnp.sign(x)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)  # nan -> 0, as torch
 
 
 def _frac(x):
@@ -174,14 +183,15 @@ def mul_core(x, y, dt):
     return (as_dtype(x, cd) * as_dtype(y, cd)).astype(dt)
 
 
-def _floor_div_float(a, b):
-    """Python-style floor division on floats (torch's algorithm: exact for representable
-    quotients, ``a / b`` for ``b == 0``)."""
-    mod = lax.rem(a, b)
-    div = (a - mod) / b
-    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+def _floor_div_float(a, b, r):
+    """Python-style floor division on floats, torch's algorithm (exact for representable
+    quotients, ``a / b`` for ``b == 0``); ``r`` rounds each intermediate to the result
+    dtype, as torch's half-type kernels do."""
+    mod = r(lax.rem(a, b))
+    div = r(r(a - mod) / b)
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), r(div - 1), div)
     fl = jnp.floor(div)
-    fl = jnp.where(div - fl > 0.5, fl + 1, fl)
+    fl = jnp.where(r(div - fl) > 0.5, r(fl + 1), fl)
     q = a / b
     fl = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(q), q), fl)
     return jnp.where(b == 0, q, fl)
@@ -198,10 +208,11 @@ def div_core(x, y, dt, rounding_mode=None):
     a, b = as_dtype(x, cd), as_dtype(y, cd)
     if rounding_mode is None:
         q = a / b
-    elif rounding_mode == "trunc":
-        q = lax.div(a, b) if _is_int(cd) else jnp.trunc(a / b)
+    elif _is_int(cd):
+        q = lax.div(a, b) if rounding_mode == "trunc" else _floor_div_int(a, b)
     else:
-        q = _floor_div_int(a, b) if _is_int(cd) else _floor_div_float(a, b)
+        r = (lambda v: v.astype(dt).astype(cd)) if cd != dt else (lambda v: v)
+        q = jnp.trunc(r(a / b)) if rounding_mode == "trunc" else _floor_div_float(a, b, r)
     return q.astype(dt)
 
 
@@ -248,10 +259,10 @@ def _int_pow(x, e):
     return jnp.where(e < 0, neg, acc)
 
 
-def _binary_float(fn):
-    """A binary op whose result is floating: computed in the result dtype (f32 for halves)."""
+def _binary_float(fn, native: bool = False):
+    """A binary op computed in the result dtype (f32 for halves, unless ``native``)."""
     def core(x, y, dt):
-        cd = float_compute(dt)
+        cd = dt if native else float_compute(dt)
         return fn(as_dtype(x, cd), as_dtype(y, cd)).astype(dt)
     return core
 
@@ -295,7 +306,10 @@ def _shift_left(a, b):
 
 def _shift_right(a, b):
     bits = np.dtype(a.dtype).itemsize * 8
-    return jnp.right_shift(a, jnp.where((b < 0) | (b >= bits), bits - 1, b).astype(a.dtype))
+    out_of_range = (b < 0) | (b >= bits)
+    if jnp.issubdtype(a.dtype, jnp.unsignedinteger):
+        return jnp.where(out_of_range, jnp.zeros_like(a), jnp.right_shift(a, jnp.where(out_of_range, 0, b)))
+    return jnp.right_shift(a, jnp.where(out_of_range, bits - 1, b).astype(a.dtype))  # sign fill
 
 
 def _bool_or_int(fn_bool, fn_int):
@@ -318,7 +332,7 @@ BINARY: dict[str, Callable] = {
 
 
 def binary_core(name: str) -> Callable:
-    return _binary_float(BINARY[name])
+    return _binary_float(BINARY[name], native=name == "nextafter")
 
 
 def _register_binary(name: str, core: Callable) -> None:
@@ -336,6 +350,9 @@ def _tensor_schema(packet, overload: str) -> bool:
 
 for _name in BINARY:
     _register_binary(_name, binary_core(_name))
+for _name, _core in (("__lshift__", "bitwise_left_shift"), ("__rshift__", "bitwise_right_shift"),
+                     ("__and__", "bitwise_and"), ("__or__", "bitwise_or"), ("__xor__", "bitwise_xor")):
+    _register_binary(_name, binary_core(_core))
 
 
 @xla("aten::add.Tensor", "aten::add.Scalar")

@@ -1,0 +1,160 @@
+"""``_foreach_*`` lowerings: the elementwise math of elementwise.py mapped over tensor lists.
+
+Only the functional ops are registered; their in-place twins (``_foreach_add_`` ...,
+what the optimizers call) are derived by the dispatcher. One jitted call covers the whole
+list, so an optimizer step over N parameters is one XLA program per op, not N.
+Element ``i`` of a result takes torch's dtype for output ``i``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import torch
+
+from tpu_kernels.registry.context import out_dtype
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla import elementwise as ew
+from tpu_kernels.registry.xla._util import float_compute
+
+
+def _pick(v: Any, i: int) -> Any:
+    """Element ``i`` of a per-tensor argument (list, or 1-d tensor of scalars), or ``v``."""
+    if isinstance(v, (list, tuple)):
+        return v[i]
+    return v
+
+
+def _pick_scalars(v: Any, i: int) -> Any:
+    """``_foreach_addcmul.Tensor``'s ``scalars``: a 1-d tensor with one value per element."""
+    if hasattr(v, "ndim") and v.ndim == 1:
+        return v[i]
+    return _pick(v, i)
+
+
+def _overloads(name: str) -> list[str]:
+    packet = getattr(torch.ops.aten, name)
+    return [f"aten::{name}.{o}" for o in packet.overloads() if "out" not in o.lower()]
+
+
+# -- unary ----------------------------------------------------------------------------------
+_UNARY = ["abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1",
+          "floor", "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal",
+          "round", "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc"]
+
+
+def _unary(core: Callable) -> Callable:
+    def lower(self):
+        return [core(x, out_dtype(i)) for i, x in enumerate(self)]
+    return lower
+
+
+for _name in _UNARY:
+    xla(f"aten::_foreach_{_name}", name=f"_foreach_{_name}")(_unary(ew.unary_core(_name)))
+
+
+# -- binary: Scalar, List, ScalarList and Tensor overloads share one lowering -----------------------
+def _binary(core: Callable) -> Callable:
+    def lower(self, other, *, alpha=1):
+        return [core(x, _pick(other, i), alpha, out_dtype(i)) for i, x in enumerate(self)]
+    return lower
+
+
+def _no_alpha(core: Callable) -> Callable:
+    return lambda x, y, alpha, dt: core(x, y, dt)
+
+
+def _clamp_min(x, lo, dt):
+    return ew.clamp_core(x, lo, None, dt)
+
+
+def _clamp_max(x, hi, dt):
+    return ew.clamp_core(x, None, hi, dt)
+
+
+_BINARY: dict[str, Callable] = {
+    "add": ew.add_core, "sub": ew.sub_core, "mul": _no_alpha(ew.mul_core),
+    "div": _no_alpha(ew.div_core), "pow": _no_alpha(ew.pow_core),
+    "maximum": _no_alpha(ew.binary_core("maximum")), "minimum": _no_alpha(ew.binary_core("minimum")),
+    # clamp_min/max are max/min with torch's clamp promotion (= the op's result dtype)
+    "clamp_min": _no_alpha(_clamp_min), "clamp_max": _no_alpha(_clamp_max),
+}
+
+for _name, _core in _BINARY.items():
+    _ops = [o for o in _overloads(f"_foreach_{_name}") if not o.endswith("ScalarAndTensor")]
+    xla(*_ops, name=f"_foreach_{_name}")(_binary(_core))
+
+
+@xla("aten::_foreach_pow.ScalarAndTensor")
+def _foreach_pow_scalar_and_tensor(self, exponent):
+    return [ew.pow_core(self, e, out_dtype(i)) for i, e in enumerate(exponent)]
+
+
+# -- ternary ---------------------------------------------------------------------------------------
+def _pointwise(core: Callable) -> Callable:
+    def lower(self, tensor1, tensor2, scalars=1):
+        return [core(x, tensor1[i], tensor2[i], _pick_scalars(scalars, i), out_dtype(i))
+                for i, x in enumerate(self)]
+    return lower
+
+
+xla(*_overloads("_foreach_addcmul"), name="_foreach_addcmul")(_pointwise(ew.addcmul_core))
+xla(*_overloads("_foreach_addcdiv"), name="_foreach_addcdiv")(_pointwise(ew.addcdiv_core))
+
+
+@xla(*_overloads("_foreach_lerp"))
+def _foreach_lerp(self, tensors1, weight):
+    return [ew.lerp_core(x, tensors1[i], _pick(weight, i), out_dtype(i)) for i, x in enumerate(self)]
+
+
+# -- reductions, copies ------------------------------------------------------------------------------
+def vector_norm(x, ord: float, dt) -> Any:
+    """The ``ord``-norm of all of ``x``, computed in float32 for half types."""
+    a = jnp.abs(x.astype(float_compute(dt)))
+    if ord == float("inf"):
+        r = jnp.max(a, initial=0.0)
+    elif ord == float("-inf"):
+        r = jnp.min(a)
+    elif ord == 0:
+        r = jnp.sum(a != 0).astype(a.dtype)
+    elif ord == 1:
+        r = jnp.sum(a)
+    elif ord == 2:
+        r = jnp.sqrt(jnp.sum(a * a))
+    else:
+        r = jnp.sum(a ** ord) ** (1.0 / ord)
+    return r.astype(dt)
+
+
+@xla("aten::_foreach_norm.Scalar", static=("ord",))
+def _foreach_norm(self, ord=2, dtype=None):  # noqa: A002  (schema name)
+    return [vector_norm(x, float(ord), out_dtype(i)) for i, x in enumerate(self)]
+
+
+@xla("aten::_foreach_powsum.Scalar", static=("ord",))
+def _foreach_powsum(self, ord=2, dtype=None):  # noqa: A002
+    out = []
+    for i, x in enumerate(self):
+        a = jnp.abs(x.astype(float_compute(out_dtype(i))))
+        out.append(jnp.sum(a != 0) if float(ord) == 0 else jnp.sum(a ** float(ord)))
+    return out
+
+
+@xla("aten::_foreach_max")
+def _foreach_max(self):
+    return [jnp.max(x) for x in self]
+
+
+@xla("aten::_foreach_zero")
+def _foreach_zero(self):
+    return [jnp.zeros_like(x) for x in self]
+
+
+@xla("aten::_foreach_copy")
+def _foreach_copy(self, src, non_blocking=False):
+    return [jnp.broadcast_to(s.astype(x.dtype), x.shape) for x, s in zip(self, src)]
+
+
+@xla("aten::_foreach_clone")
+def _foreach_clone(self, *, memory_format=None):
+    return list(self)

@@ -1,0 +1,183 @@
+"""Parity of the ``_foreach_*`` lowerings (registry/xla/foreach.py) with CPU torch, and of
+whole optimizer steps (foreach and per-tensor) on tpu parameters."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import assert_same, check, to_tpu
+
+G = torch.Generator()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    G.manual_seed(0)
+
+
+def tensors(dtype=torch.float32, low=-2.0, high=2.0):
+    """A list of odd shapes: 2-d, 1-d, 0-d, 3-d."""
+    shapes = [(5, 3), (7,), (), (2, 2, 3)]
+    return [(torch.rand(s, generator=G) * (high - low) + low).to(dtype) for s in shapes]
+
+
+def inplace(name, *args, **kwargs):
+    """Run ``torch._foreach_<name>_`` on clones of the first list and return it."""
+    def f(xs, *rest):
+        xs = [x.clone() for x in xs]
+        getattr(torch, f"_foreach_{name}_")(xs, *rest, *args, **kwargs)
+        return xs
+    return f
+
+
+UNARY = ["abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1",
+         "floor", "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal",
+         "round", "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc"]
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary(name):
+    low = 0.1 if name in ("log", "log10", "log2", "sqrt", "rsqrt", "reciprocal", "lgamma") else -0.9
+    xs = tensors(low=low, high=0.9)
+    check(getattr(torch, f"_foreach_{name}"), xs)
+    check(inplace(name), xs)
+
+
+def test_unary_bf16_and_mixed_dtypes():
+    xs = tensors(torch.bfloat16, low=0.1)
+    check(torch._foreach_sqrt, xs)
+    check(inplace("sqrt"), xs)
+    mixed = [tensors()[0], tensors(torch.bfloat16)[1], tensors(torch.float64)[3]]
+    check(torch._foreach_exp, mixed)
+    check(torch._foreach_neg, [torch.arange(5), torch.arange(3, dtype=torch.int32)])
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "minimum",
+                                  "clamp_min", "clamp_max", "pow"])
+def test_binary(name):
+    xs = tensors(low=0.5, high=2.0)
+    ys = tensors(low=0.5, high=2.0)
+    f = getattr(torch, f"_foreach_{name}")
+    check(lambda a: f(a, 1.5), xs)                          # Scalar
+    check(f, xs, ys)                                        # List
+    check(lambda a: f(a, [0.5, 2.0, -1.0, 3.0]), xs)        # ScalarList
+    check(inplace(name, 0.7), xs)
+    check(inplace(name), xs, ys)
+    check(inplace(name, [0.5, 2.0, -1.0, 3.0]), xs)
+    if name in ("add", "mul", "div"):
+        check(lambda a, t: f(a, t), xs, torch.tensor(2.5))   # Tensor (0-d)
+        check(inplace(name), xs, torch.tensor(0.5))
+    if name in ("add", "sub"):
+        check(lambda a, b: f(a, b, alpha=-0.3), xs, ys)
+        check(inplace(name, alpha=2.0), xs, ys)
+    if name == "add":
+        check(lambda a, t: f(a, t, alpha=2), xs, torch.tensor(2.5))
+    if name == "pow":
+        check(lambda e: torch._foreach_pow(2.0, e), ys)    # ScalarAndTensor
+
+
+def test_binary_bf16():
+    xs, ys = tensors(torch.bfloat16), tensors(torch.bfloat16)
+    check(inplace("add", alpha=0.1), xs, ys)
+    check(inplace("mul", 0.9), xs)
+    check(inplace("div", [1.1, 2.2, 3.3, 4.4]), xs)
+
+
+@pytest.mark.parametrize("name", ["addcmul", "addcdiv"])
+def test_pointwise(name):
+    xs, t1, t2 = tensors(), tensors(), tensors(low=0.5, high=2.0)
+    f = getattr(torch, f"_foreach_{name}")
+    check(f, xs, t1, t2)
+    check(lambda a, b, c: f(a, b, c, 0.3), xs, t1, t2)                  # Scalar
+    check(lambda a, b, c: f(a, b, c, [0.1, -0.2, 0.3, 2.0]), xs, t1, t2)  # ScalarList
+    check(inplace(name, value=-0.01), xs, t1, t2)
+    check(inplace(name), xs, t1, t2, [0.1, -0.2, 0.3, 2.0])
+
+
+@pytest.mark.xfail(strict=True, reason="runtime: torch requires `scalars` (1-d) on the CPU, and "
+                   "dispatch._Split.conv accepts only 0-d CPU tensors")
+def test_pointwise_tensor_scalars():
+    xs, t1, t2 = tensors(), tensors(), tensors(low=0.5, high=2.0)
+    s = torch.tensor([0.1, -0.2, 0.3, 2.0])
+    expected = torch._foreach_addcdiv(xs, t1, t2, s)
+    actual = torch._foreach_addcdiv(*to_tpu((xs, t1, t2)), s)  # torch wants scalars on the CPU
+    assert_same(expected, actual, "_foreach_addcdiv.Tensor")
+
+
+def test_lerp():
+    xs, ys = tensors(), tensors()
+    check(lambda a, b: torch._foreach_lerp(a, b, 0.3), xs, ys)
+    check(lambda a, b: torch._foreach_lerp(a, b, [0.1, 0.6, 0.5, 1.2]), xs, ys)
+    check(torch._foreach_lerp, xs, ys, tensors(low=0.0, high=1.0))
+    check(inplace("lerp", 0.1), xs, ys)
+    check(inplace("lerp", 0.1), tensors(torch.bfloat16), tensors(torch.bfloat16))
+
+
+def test_reductions_and_copies():
+    xs = tensors()
+    for o in (2, 1, float("inf"), 0, 3):
+        check(lambda a: torch._foreach_norm(a, o), xs)
+    check(torch._foreach_norm, tensors(torch.bfloat16))
+    check(torch._foreach_max, xs)
+    check(inplace("zero"), xs)
+    check(inplace("copy"), xs, tensors())
+    check(inplace("copy"), xs, tensors(torch.bfloat16))  # casts to self's dtype
+    check(torch._foreach_abs, [torch.empty(0, 3), torch.ones(2)])
+
+
+def test_copy_into_views():
+    def f(base, src):
+        base = base.clone()
+        views = [base[0], base[1:, 1]]
+        torch._foreach_copy_(views, src)
+        torch._foreach_add_(views, 1.0)
+        return base
+    check(f, torch.zeros(3, 4), [torch.ones(4), torch.full((2,), 2.0)])
+
+
+# -- optimizers --------------------------------------------------------------------------------------
+OPTIMIZERS = [
+    ("AdamW-foreach", torch.optim.AdamW, dict(foreach=True, weight_decay=0.1)),
+    ("AdamW", torch.optim.AdamW, dict(foreach=False, weight_decay=0.1)),
+    ("Adam-foreach-amsgrad", torch.optim.Adam, dict(foreach=True, amsgrad=True)),
+    ("SGD-momentum-foreach", torch.optim.SGD, dict(foreach=True, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    ("SGD-momentum", torch.optim.SGD, dict(foreach=False, momentum=0.9)),
+    ("RMSprop-foreach", torch.optim.RMSprop, dict(foreach=True, momentum=0.9, centered=True)),
+    ("Adagrad-foreach", torch.optim.Adagrad, dict(foreach=True)),
+]
+
+
+def _run_optimizer(cls, kw, device, params, grads):
+    ps = [p.clone().to(device).requires_grad_() for p in params]
+    opt = cls(ps, lr=0.01, **kw)
+    for step_grads in grads:
+        for p, g in zip(ps, step_grads):
+            p.grad = g.to(device)
+        opt.step()
+    return [p.detach().cpu() for p in ps]
+
+
+@pytest.mark.parametrize("name,cls,kw", OPTIMIZERS, ids=[o[0] for o in OPTIMIZERS])
+def test_optimizer_steps(name, cls, kw):
+    params = tensors()[:2] + tensors()[3:]
+    grads = [[torch.randn(p.shape, generator=G) for p in params] for _ in range(3)]
+    expected = _run_optimizer(cls, kw, "cpu", params, grads)
+    actual = _run_optimizer(cls, kw, "tpu", params, grads)
+    assert_same(expected, actual, name)
+
+
+@pytest.mark.xfail(strict=True, reason="runtime: Scalar[] arguments (the per-step bias-corrected "
+                   "step sizes of _foreach_addcdiv_/_foreach_div_.ScalarList) are keyed as static "
+                   "values in dispatch._Split, so every optimizer step retraces")
+def test_adamw_foreach_steps_do_not_retrace():
+    from tpu_kernels import dispatch
+    params = [p.to("tpu").requires_grad_() for p in tensors()]
+    opt = torch.optim.AdamW(params, lr=0.01, foreach=True)
+    for step in range(4):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+        if step == 1:
+            dispatch.TRACES.clear()
+    params[0].cpu()
+    assert sum(dispatch.TRACES.values()) == 0, dispatch.TRACES

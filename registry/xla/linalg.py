@@ -99,6 +99,37 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
 
 
+def _group_sizes(offs: jax.Array) -> jax.Array:
+    """Group sizes from torch's cumulative group ends."""
+    ends = offs.astype(jnp.int32)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+
+
+@xla("aten::_grouped_mm.default")
+def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """Grouped matmul; rows/cols past the last offset are zero (torch leaves them unset)."""
+    acc = _acc_dtype(jnp.promote_types(self.dtype, mat2.dtype))
+    prec = _precision(self.dtype)
+    if offs is None:           # 3-D x 3-D: a plain batched matmul
+        return _matmul(self, mat2)
+    sizes = _group_sizes(offs)
+    if jax.default_backend() == "cpu" and acc != self.dtype:
+        # XLA:CPU's ragged dot has no bf16 x bf16 -> f32 kernel; TPU keeps bf16 operands
+        self, mat2 = self.astype(acc), mat2.astype(acc)
+    if self.ndim == 2 and mat2.ndim == 3:      # rows of self grouped, one rhs per group
+        return jax.lax.ragged_dot(self, mat2, sizes, precision=prec, preferred_element_type=acc)
+    if self.ndim == 3 and mat2.ndim == 2:      # columns of mat2 grouped, one lhs per group
+        out_t = jax.lax.ragged_dot(_mT(mat2), _mT(self), sizes, precision=prec,
+                                   preferred_element_type=acc)
+        return _mT(out_t)
+    # 2-D x 2-D: the contraction dim is grouped; one output matrix per group
+    dn = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(((1,), (0,)), ((), ())), lhs_ragged_dimensions=[1],
+        rhs_group_dimensions=[])
+    return jax.lax.ragged_dot_general(self, mat2, sizes, dn, precision=prec,
+                                      preferred_element_type=acc)
+
+
 # -- linear algebra ------------------------------------------------------------------------------
 # Factorizations follow torch's layouts: LU pivots are 1-based int32 (LAPACK's), info is an
 # int32 per matrix (0 = success), outputs a mode does not compute are empty (shape (0,)).

@@ -298,3 +298,24 @@ def test_pinv_lstsq_matrix_exp_cross():
     check(torch.linalg.matrix_exp, _rand(4, 4))
     check(torch.linalg.cross, _rand(4, 3), _rand(4, 3, seed=1))
     check(lambda x, y: torch.linalg.cross(x, y, dim=1), _rand(2, 3, 5), _rand(1, 3, 5, seed=1))
+
+
+# -- grouped matmul ----------------------------------------------------------------------------------
+def _offs(*ends):
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+def test_grouped_mm():
+    # torch wants bf16 operands (its meta function refuses f32) and 16-byte aligned strides
+    g = lambda *s, seed=0: _rand(*s, dtype=torch.bfloat16, seed=seed)  # noqa: E731
+    gmm = aten._grouped_mm
+    check(gmm, g(16, 8), g(3, 8, 8, seed=1), _offs(2, 2, 16))                    # an empty group
+    check(gmm, g(8, 32), g(32, 8, seed=1), _offs(8, 8, 32))
+    check(gmm, g(3, 8, 16), g(16, 24, seed=1), _offs(8, 16, 24))
+    check(gmm, g(2, 8, 16), g(2, 16, 8, seed=1))
+
+
+def test_grouped_mm_grad():
+    a = _rand(16, 8, dtype=torch.bfloat16).requires_grad_()
+    b = _rand(2, 8, 8, dtype=torch.bfloat16, seed=1).requires_grad_()
+    check(aten._grouped_mm, a, b, _offs(8, 16), grad=True)

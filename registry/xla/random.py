@@ -21,11 +21,18 @@ def _rand_dtype():
     return float_compute(out_dtype()) if jnp.issubdtype(out_dtype(), jnp.floating) else jnp.float32
 
 
-def _uniform(low=0.0, high=1.0):
-    """Uniform floats in [low, high) of the output's shape, in a compute float dtype."""
-    dt = _rand_dtype()
-    u = jax.random.uniform(rng_key(), out_shape(), dt)
+def _uniform(low=None, high=None):
+    """Uniform floats in [low, high) (default [0, 1)) of the output's shape."""
+    if low is None:  # draw in the output's float type itself: rounding never reaches 1
+        dt = out_dtype() if jnp.issubdtype(out_dtype(), jnp.floating) else jnp.float32
+        return jax.random.uniform(rng_key(), out_shape(), dt)
+    u = jax.random.uniform(rng_key(), out_shape(), _rand_dtype())
     return low + (high - low) * u
+
+
+def _bernoulli(p):
+    """Bernoulli(p) draws, compared in float32 (or float64) whatever the output type."""
+    return jax.random.uniform(rng_key(), out_shape(), _rand_dtype()) < p
 
 
 def _normal(mean=0.0, std=1.0):
@@ -107,7 +114,8 @@ def exponential(self, lambd=1.0, *, generator=None):
 @xla("aten::geometric", "aten::geometric_", random=True)
 def geometric(self, p, *, generator=None):
     """Trials until the first success (support 1, 2, ...): ceil(log U / log(1 - p))."""
-    u = jax.random.uniform(rng_key(), out_shape(), jnp.float64, minval=np.finfo(np.float64).tiny)
+    dt = _rand_dtype()
+    u = jax.random.uniform(rng_key(), out_shape(), dt, minval=jnp.finfo(dt).tiny)
     return _out(jnp.maximum(jnp.ceil(jnp.log(u) / jnp.log1p(-p)), 1))
 
 
@@ -157,17 +165,17 @@ def _randint_inclusive(low: int, high: int) -> jax.Array:
 # -- bernoulli and dropout -------------------------------------------------------------------
 @xla("aten::bernoulli", random=True)
 def bernoulli(self, *, generator=None):
-    return _out(_uniform() < self)
+    return _out(_bernoulli(self))
 
 
 @xla("aten::bernoulli.p", "aten::bernoulli_.float", random=True)
 def bernoulli_p(self, p=0.5, *, generator=None):
-    return _out(_uniform() < p)
+    return _out(_bernoulli(p))
 
 
 @xla("aten::bernoulli.Tensor", "aten::bernoulli_.Tensor", random=True)
 def bernoulli_tensor(self, p, *, generator=None):
-    return _out(_uniform() < p)
+    return _out(_bernoulli(p))
 
 
 @xla("aten::native_dropout", random=True)

@@ -103,11 +103,18 @@ def narrow_copy(self, dim, start, length):
     return lax.slice_in_dim(self, start, start + length, axis=dim)
 
 
-@xla("aten::split_with_sizes_copy")
+@xla("aten::split_with_sizes_copy", "aten::unsafe_split_with_sizes")
 def split_with_sizes_copy(self, split_sizes, dim=0):
     dim = _dim(dim, self.ndim)
     cuts = [sum(split_sizes[:i + 1]) for i in range(len(split_sizes) - 1)]
     return jnp.split(self, cuts, axis=dim)
+
+
+@xla("aten::split_copy.Tensor", "aten::unsafe_split.Tensor")
+def split_copy(self, split_size, dim=0):
+    dim = _dim(dim, self.ndim)
+    n = self.shape[dim]
+    return jnp.split(self, list(range(split_size, n, split_size)) if split_size else [], axis=dim)
 
 
 @xla("aten::unbind_copy.int")
@@ -306,9 +313,7 @@ def repeat_interleave(repeats, *, output_size=None):
 # -- complex -------------------------------------------------------------------------------
 @xla("aten::complex")
 def complex_(real, imag):
-    dt = out_dtype()
-    return lax.complex(real, imag).astype(dt) if real.shape == imag.shape else \
-        lax.complex(*jnp.broadcast_arrays(real, imag)).astype(dt)
+    return lax.complex(*jnp.broadcast_arrays(real, imag)).astype(out_dtype())
 
 
 @xla("aten::polar")

@@ -158,6 +158,9 @@ def test_index_put_mask():
     rows = x[:, 0] > 0
     check(setmask, x, rows, r(int(rows.sum()), 4))
     check(setmask, x, m, r(int(m.sum())))
+    cols = x[0] > 0
+    check(lambda x, m, v: aten.index_put(x, [None, m], v), x, cols, r(3, int(cols.sum())))
+    check(lambda x, m, v: aten.index_put(x, [None, m], v), x, cols, r(3, 1))
 
     def addmask(x, m, v):
         return torch.index_put(x, (m,), v, accumulate=True)

@@ -62,6 +62,8 @@ def test_rand_randn_dtypes_shapes():
     x = torch.zeros(4, 4, device="tpu", dtype=torch.int32)
     assert torch.randint_like(x, 10).dtype == torch.int32
     assert torch.rand(0, device="tpu").shape == (0,)
+    half = torch.rand(N, device="tpu", dtype=torch.bfloat16).cpu()
+    assert ((half >= 0) & (half < 1)).all()      # rounding never reaches 1
 
 
 def test_uniform_rand():

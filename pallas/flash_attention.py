@@ -465,8 +465,8 @@ def _attention_bwd(opts, res, g):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _opts(q, k, mask, causal, scale, dropout_p, block, interpret):
-    reason = supports(q.shape, q.dtype, k.shape, k.dtype, k.shape, k.dtype,
+def _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret):
+    reason = supports(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype,
                       None if mask is None else mask.shape,
                       None if mask is None else mask.dtype,
                       causal=causal, dropout_p=dropout_p)
@@ -490,9 +490,7 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | 
     to [b, hq, sq, skv], bool (True = keep) or additive float; causal is top-left
     aligned; scale defaults to 1/sqrt(d). ``block`` = (bq, bk), multiples of 128.
     """
-    if v.shape != k.shape:
-        raise ValueError("pallas flash_attention: value shape must equal key shape")
-    opts = _opts(q, k, mask, causal, scale, dropout_p, block, interpret)
+    opts = _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret)
     return _attention(q, k, v, mask, opts)
 
 
@@ -503,7 +501,7 @@ def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
                         interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
     """Forward only: (out [b, hq, sq, d], logsumexp [b, hq, sq] f32; -inf on rows with
     no kept key), for ops that return the logsumexp. Not differentiable."""
-    opts = _opts(q, k, mask, causal, scale, dropout_p, block, interpret)
+    opts = _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret)
     o, lse, _, _ = _forward(q, k, v, mask, opts)
     sq, d = q.shape[2], q.shape[3]
     return o[:, :, :sq, :d], lse[:, :, :sq, 0]

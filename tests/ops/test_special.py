@@ -1,0 +1,90 @@
+"""Parity of the torch.special lowerings (registry/xla/special.py) and the gamma family."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import check
+
+G = torch.Generator()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    G.manual_seed(0)
+
+
+def rand(*shape, low=-3.0, high=3.0, dtype=torch.float32):
+    return (torch.rand(*shape, generator=G) * (high - low) + low).to(dtype)
+
+
+EDGES = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 2.5, 10.0, float("inf"), float("-inf"), float("nan")])
+
+UNARY = {
+    "entr": (torch.special.entr, (-1, 3)),
+    "erfcx": (torch.special.erfcx, (-2, 5)),
+    "i0e": (torch.special.i0e, (-5, 5)),
+    "i1": (torch.special.i1, (-5, 5)),
+    "i1e": (torch.special.i1e, (-5, 5)),
+    "log_ndtr": (torch.special.log_ndtr, (-5, 5)),
+    "ndtri": (torch.special.ndtri, (0.01, 0.99)),
+    "ndtr": (torch.special.ndtr, (-4, 4)),
+    "modified_bessel_i0": (torch.special.modified_bessel_i0, (-5, 5)),
+    "modified_bessel_i1": (torch.special.modified_bessel_i1, (-5, 5)),
+    "spherical_bessel_j0": (torch.special.spherical_bessel_j0, (-9, 9)),
+    "lgamma": (torch.lgamma, (0.1, 6)),
+    "digamma": (torch.digamma, (0.1, 6)),
+    "i0": (torch.i0, (-5, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary(name):
+    fn, (lo, hi) = UNARY[name]
+    check(fn, rand(4, 6, low=lo, high=hi))
+    check(fn, EDGES)
+
+
+@pytest.mark.parametrize("name", ["lgamma", "digamma", "i0", "i0e"])
+def test_unary_bf16_int(name):
+    fn, (lo, hi) = UNARY[name]
+    check(fn, rand(9, low=max(lo, 0.1), high=hi, dtype=torch.bfloat16))
+    check(fn, torch.arange(1, 7))
+
+
+def test_polygamma_mvlgamma():
+    x = rand(5, 4, low=0.5, high=5)
+    for n in (0, 1, 2, 3):
+        check(lambda t: torch.polygamma(n, t), x)
+    check(lambda t: torch.mvlgamma(t, 1), x)
+    check(lambda t: torch.mvlgamma(t, 3), x + 1.5)
+
+
+def test_binary():
+    x, q = rand(4, 5, low=1.1, high=5), rand(4, 5, low=0.1, high=4)
+    check(torch.special.zeta, x, q)
+    check(lambda t: torch.special.zeta(t, 2.0), x)
+    check(lambda t: torch.special.zeta(3.0, t), q)
+    check(torch.special.zeta, torch.tensor([1.0, 0.5, 2.0, 3.0, 2.0]), torch.tensor([1.0, 1.0, -1.5, 0.0, -2.0]))
+    a, b = rand(4, 5, low=0.1, high=5), rand(4, 5, low=0.0, high=6)
+    check(torch.igamma, a, b)
+    check(torch.igammac, a, b)
+
+
+POLYS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+         "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
+         "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+         "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+         "laguerre_polynomial_l", "legendre_polynomial_p"]
+
+
+@pytest.mark.parametrize("name", POLYS)
+def test_polynomials(name):
+    fn = getattr(torch.special, name)
+    xs = torch.tensor([-1.0, -0.7, -0.3, 0.0, 0.2, 0.5, 0.9, 1.0, 1.3, -1.5])
+    ns = torch.arange(-1, 13, dtype=torch.float32)
+    x, n = torch.broadcast_tensors(xs[:, None], ns[None, :])
+    check(fn, x.contiguous(), n.contiguous())
+    check(lambda t: fn(t, 3), xs)
+    check(lambda m: fn(0.4, m), ns)
+    check(fn, xs.double(), torch.full((10,), 9.0, dtype=torch.float64))

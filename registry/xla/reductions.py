@@ -239,6 +239,18 @@ def dist(self, other, p=2):
     return _vector_norm(d, float(p), tuple(range(d.ndim)), False).astype(dt)
 
 
+@xla("aten::renorm.default", static=("p",))
+def renorm(self, p, dim, maxnorm):
+    """Rescale each slice along ``dim`` whose p-norm exceeds ``maxnorm`` down to it."""
+    dt = out_dtype()
+    x = self.astype(_acc(dt))
+    ax = _axis(dim, self.ndim)
+    others = tuple(a for a in range(self.ndim) if a != ax)
+    n = _vector_norm(x, float(p), others, True)
+    scale = jnp.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0)  # torch's epsilon
+    return (x * scale.astype(x.dtype)).astype(dt)
+
+
 # -- boolean reductions ---------------------------------------------------------------------
 def _logical(fn: Callable) -> Callable:
     def lower(self, dim=None, keepdim=False):

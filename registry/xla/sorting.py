@@ -108,6 +108,39 @@ def histc(self, bins=100, min=0, max=0):
     return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
 
 
+def _histogram(x, edges, weight, density):
+    """Counts of ``x`` in the bins ``edges`` (the last bin closed), optionally a density."""
+    x = x.reshape(-1)
+    nb = edges.shape[0] - 1
+    pos = jnp.clip(jnp.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
+    inside = (x >= edges[0]) & (x <= edges[-1])
+    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((nb,), x.dtype).at[pos].add(jnp.where(inside, w, 0))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+# torch has no meta functions for histogram: these run eagerly
+@xla("aten::histogram.bin_ct", data_dependent=True)
+def histogram(self, bins=100, *, range=None, weight=None, density=False):
+    if range is not None:
+        lo, hi = float(range[0]), float(range[1])
+    elif self.size:
+        lo, hi = float(jnp.min(self)), float(jnp.max(self))
+    else:
+        lo, hi = 0.0, 0.0
+    if lo == hi:  # an empty range widens by 0.5 each way (numpy's rule)
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = jnp.linspace(lo, hi, bins + 1, dtype=jnp.float64).astype(self.dtype)
+    return _histogram(self, edges, weight, density)
+
+
+@xla("aten::histogram.bins_tensor", data_dependent=True)
+def histogram_bins(self, bins, *, weight=None, density=False):
+    return _histogram(self, bins.astype(self.dtype), weight, density)
+
+
 @xla("aten::bincount.default", data_dependent=True)
 def bincount(self, weights=None, minlength=0):
     n = int(jnp.max(self)) + 1 if self.size else 0

@@ -307,3 +307,10 @@ def test_allclose_equal():
     check(lambda a, b: torch.equal(a, b), x, x.clone())
     check(lambda a, b: torch.equal(a, b), x, x + 1)
     check(lambda a, b: torch.equal(a, b), x, x[:2])
+
+
+def test_renorm():
+    x = _rand(4, 5) * 3
+    check(lambda a: torch.renorm(a, 2, 0, 1.5), x)
+    check(lambda a: torch.renorm(a, 1, 1, 2.0), x)
+    check(lambda a: torch.renorm(a, float("inf"), 0, 1.0), _rand(3, 2, 4))

@@ -127,3 +127,12 @@ def test_unique_consecutive():
     m = torch.tensor([[1, 1], [1, 1], [2, 0], [2, 0], [1, 1]])
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True, dim=0), m)
     check(lambda a: torch.unique_consecutive(a, dim=1), m.t())
+
+
+def test_histogram():
+    x = _rand(50)
+    check(lambda a: torch.histogram(a, 6), x)
+    check(lambda a: torch.histogram(a, 4, range=(-1.0, 1.0)), x)
+    check(lambda a, w: torch.histogram(a, 5, weight=w, density=True), x, _rand(50, seed=1).abs())
+    check(lambda a: torch.histogram(a, 4), torch.full((5,), 2.0))
+    check(lambda a, b: torch.histogram(a, b), torch.tensor([0.0, 1, 2, 3, 4, 9]), torch.tensor([0.0, 1, 3, 4]))

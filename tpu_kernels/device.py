@@ -23,7 +23,8 @@ FACTORIES = (
     "empty.memory_format", "empty_strided", "zeros", "ones", "full", "arange",
     "arange.start", "arange.start_step", "scalar_tensor", "empty_permuted", "eye",
     "eye.m", "linspace", "logspace", "rand", "randn", "randint", "randint.low",
-    "randperm", "tril_indices", "triu_indices", "normal.float_float",
+    "randperm", "tril_indices", "triu_indices", "normal.float_float", "rand.generator",
+    "randn.generator", "randint.generator", "randint.low_generator", "randperm.generator",
 )
 
 
@@ -70,6 +71,12 @@ def _persistent_compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def _copy_from(self, dst, non_blocking=False):
+    """CPU -> tpu copies that torch routes through ``_copy_from`` (e.g. list indices)."""
+    from tpu_kernels import dispatch  # not dst.copy_: torch would route it back here
+    return dispatch.copy_into(dst, self)
+
+
 def _factory_kernel(op, *args, **kwargs):
     from tpu_kernels import dispatch
     return dispatch.run(op, args, kwargs)
@@ -94,5 +101,6 @@ def setup() -> None:
         op = getattr(getattr(torch.ops.aten, base), overload or "default")
         if REGISTRY.has(op):
             lib.impl(name, functools.partial(_factory_kernel, op), "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     from tpu_kernels import patterns
     patterns.install()

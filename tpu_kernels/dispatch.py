@@ -360,13 +360,11 @@ def _eager_fn(impl: Impl, targs, tkw) -> Callable:
 # -- results ------------------------------------------------------------------------------------
 def _finish(entry: Entry, args, kwargs, split, out) -> Any:
     plan = entry.plan
-    if entry.impl.data_dependent:
-        return _wrap_tree(out)
+    eager = entry.impl.data_dependent
     if not plan.mutated:
-        it = iter(out)
-        return _wrap_like(entry.result_meta, it)
+        return _wrap_tree(out) if eager else _wrap_like(entry.result_meta, iter(out))
     alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
-    it = iter(out)
+    it = iter(_flatten(out) if eager else out)
     rets = [next(it) for _ in alias_free]
     for i in plan.mutated:
         target = args[i] if i < len(args) else kwargs.get(plan.names[i])
@@ -388,7 +386,10 @@ def _returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:
     if n == 0:
         return None
     it = iter(rets)
-    metas = result_meta if n > 1 else (result_meta,)
+    if result_meta is None:  # eager (data-dependent) impl: no torch metadata
+        metas = [None] * n
+    else:
+        metas = result_meta if n > 1 else (result_meta,)
     out = []
     for a, m in zip(plan.alias_returns, metas):
         if a is not None:
@@ -399,6 +400,8 @@ def _returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:
 
 
 def _wrap_like(meta: Any, it) -> Any:
+    if meta is None:
+        return _wrap_tree(next(it))
     if isinstance(meta, torch.Tensor):
         return wrap(next(it), meta.dtype)
     if isinstance(meta, (list, tuple)):
@@ -424,6 +427,11 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
     base = args[0]
     if not isinstance(base, TpuTensor):
         raise _device_error(op, base)
+    reinterpret = _REINTERPRET.get(op)
+    if reinterpret is not None:
+        # A complex <-> real view changes the item size; the storage holds one dtype, so
+        # these views are computed as new tensors: they do not alias their base.
+        return wrap(reinterpret(read(base)))
     key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
            base.dtype, _freeze(list(args[1:])), _freeze(list(kwargs.items())))
     metas = _VIEW_CACHE.get(key)
@@ -434,6 +442,12 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
     return _view_like(base, metas)
+
+
+_REINTERPRET: dict[Any, Callable] = {
+    aten.view_as_real.default: lambda z: jax.numpy.stack([z.real, z.imag], axis=-1),
+    aten.view_as_complex.default: lambda x: jax.lax.complex(x[..., 0], x[..., 1]),
+}
 
 
 def _view_like(base: TpuTensor, m: Any) -> Any:
@@ -549,10 +563,15 @@ def _copy_(op, args, kwargs):
         dst.copy_(to_torch(read(src), src.dtype))
         return dst
     if not isinstance(src, TpuTensor):        # cpu -> tpu
-        value = to_jax(src)
-        write(dst, value.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else value)
-        return dst
+        return copy_into(dst, src)
     return _run_registered(op, args, kwargs)
+
+
+def copy_into(dst: TpuTensor, src: torch.Tensor) -> TpuTensor:
+    """Copy a CPU tensor into a tpu tensor (broadcast, cast), in place."""
+    value = to_jax(src)
+    write(dst, value.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else value)
+    return dst
 
 
 _SPECIAL: dict[Any, Callable] = {

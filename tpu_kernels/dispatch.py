@@ -429,8 +429,9 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
         raise _device_error(op, base)
     reinterpret = _REINTERPRET.get(op)
     if reinterpret is not None:
-        # A complex <-> real view changes the item size; the storage holds one dtype, so
-        # these views are computed as new tensors: they do not alias their base.
+        # A complex <-> real view changes the item size, and conj/neg views are lazy bits
+        # torch resolves later; the storage holds plain values of one dtype, so these
+        # views are computed as new tensors: they do not alias their base.
         return wrap(reinterpret(read(base)))
     key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
            base.dtype, _freeze(list(args[1:])), _freeze(list(kwargs.items())))
@@ -447,6 +448,9 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
 _REINTERPRET: dict[Any, Callable] = {
     aten.view_as_real.default: lambda z: jax.numpy.stack([z.real, z.imag], axis=-1),
     aten.view_as_complex.default: lambda x: jax.lax.complex(x[..., 0], x[..., 1]),
+    # the conj and neg bits are lazy views in torch; here the value is materialised
+    aten._conj.default: jax.numpy.conj,
+    aten._neg_view.default: jax.numpy.negative,
 }
 
 

@@ -32,6 +32,23 @@ CHIPS: dict[str, Chip] = {
     "v7": Chip("v7", 64 * MiB, 32 * MiB, 256, 2307e12, 7.37e12, 192 * 1024 * MiB),
 }
 
+
+@dataclasses.dataclass(frozen=True)
+class GPU:
+    """A GPU row for the benchmark's roofline (same units as ``Chip``)."""
+    name: str
+    smem_bytes: int          # shared memory per SM
+    bf16_flops: float        # peak dense bf16 FLOP/s (tensor cores, no sparsity)
+    hbm_bytes_per_s: float   # peak HBM bandwidth
+    hbm_bytes: int           # HBM capacity
+
+
+# SXM parts, vendor datasheet figures (dense, i.e. without 2:4 sparsity).
+GPUS: dict[str, GPU] = {
+    "H100": GPU("H100", 228 * 1024, 989e12, 3.35e12, 80 * 1024 * MiB),
+    "H200": GPU("H200", 228 * 1024, 989e12, 4.8e12, 141 * 1024 * MiB),
+}
+
 # Generations whose scoped VMEM every kernel's block choice is checked against.
 CHECKED_GENERATIONS = ("v5e", "v6e", "v7")
 # Blocks x buffers + scratch must stay under this share of the scoped limit.

@@ -496,3 +496,14 @@ def addcmul(x, tensor1, tensor2, *, value=1):
 @xla("aten::addcdiv")
 def addcdiv(x, tensor1, tensor2, *, value=1):
     return addcdiv_core(x, tensor1, tensor2, value, out_dtype())
+
+
+@xla("aten::floor_divide_.Tensor", "aten::floor_divide_.Scalar")
+def floor_divide_(x, other):
+    # the in-place overloads are named differently from the functional ones: no derivation
+    return div_core(x, other, out_dtype(), "floor")
+
+
+@xla("aten::atan2.out")
+def atan2_out(x, other, *, out):
+    return binary_core("atan2")(x, other, out_dtype())

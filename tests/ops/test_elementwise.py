@@ -364,3 +364,10 @@ def test_grads():
     check(lambda x, y: torch.where(x > 1, x, y) + torch.clamp(x, 0.8, 1.5) + torch.maximum(x, y), a, b, grad=True)
     check(lambda x, y: torch.lerp(x, y, 0.3) + torch.addcmul(x, x, y) + torch.addcdiv(x, x, y), a, b, grad=True)
     check(lambda x: torch.sin(x) * torch.cos(x) + torch.erf(x) + torch.expm1(x) + torch.log1p(x), a, grad=True)
+
+
+def test_inplace_and_out_variants():
+    a, b = rand(4, 5, low=-9, high=9), rand(4, 5, low=0.5, high=3)
+    check(lambda x, y: x.clone().floor_divide_(y), a, b)
+    check(lambda x: x.clone().floor_divide_(2), rand(4, 5, dtype=torch.int64, low=-9, high=9))
+    check(lambda x, y: torch.atan2(x, y, out=torch.empty_like(x)), a, b)

@@ -394,9 +394,12 @@ def linalg_eigh(A, UPLO="L", compute_v=True):
     return vals, (vecs if compute_v else _empty(A.dtype))
 
 
-@xla("aten::linalg_eig.default")
+def _eig_supported(*args, **kwargs):
+    return jax.default_backend() == "cpu" or "XLA has no eig on this backend (jax lowers it for the CPU only)"
+
+
+@xla("aten::linalg_eig.default", supports=_eig_supported)
 def linalg_eig(self):
-    # XLA has no eig on TPU/GPU: jax lowers it for the CPU only
     vals, vecs = _linalg.eig(self, compute_left_eigenvectors=False)
     return vals, vecs
 

@@ -42,13 +42,35 @@ def sort_stable(self, *, stable, dim=-1, descending=False):
     return sort_with_indices(self, dim % max(self.ndim, 1), descending)
 
 
+def _order_key(x: jax.Array, largest: bool) -> jax.Array:
+    """An integer key whose descending order is torch's order (largest: NaN first)."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        f = x.astype(jnp.float64 if x.dtype == jnp.float64 else jnp.float32)  # exact
+        f = jnp.where(jnp.isnan(f), jnp.nan, jnp.where(f == 0, 0, f))  # +NaN, -0 == 0
+        ity = jnp.int64 if f.dtype == jnp.float64 else jnp.int32
+        bits = jax.lax.bitcast_convert_type(f, ity)
+        # negative floats: flip the magnitude bits so the integer order is the float order
+        key = jnp.where(bits < 0, bits ^ jnp.iinfo(ity).max, bits)
+    elif x.dtype == jnp.bool_:
+        key = x.astype(jnp.int32)
+    else:
+        key = x
+    return key if largest else ~key  # ~k = -k - 1: reverses the order without overflow
+
+
 @xla("aten::topk.default")
 def topk(self, k, dim=-1, largest=True, sorted=True):
     if self.ndim == 0:
         return self, jnp.zeros((), jnp.int64)
     ax = dim % self.ndim
-    vals, idx = sort_with_indices(self, ax, descending=largest)
-    return jax.lax.slice_in_dim(vals, 0, k, axis=ax), jax.lax.slice_in_dim(idx, 0, k, axis=ax)
+    if jnp.iscomplexobj(self):
+        vals, idx = sort_with_indices(self, ax, descending=largest)
+        return jax.lax.slice_in_dim(vals, 0, k, axis=ax), jax.lax.slice_in_dim(idx, 0, k, axis=ax)
+    x = jnp.moveaxis(self, ax, -1)
+    # lax.top_k (a TopK op on TPU, not a full sort) on an order-preserving integer key
+    _, idx = jax.lax.top_k(_order_key(x, largest), k)
+    vals = jnp.take_along_axis(x, idx, axis=-1)
+    return jnp.moveaxis(vals, -1, ax), jnp.moveaxis(idx.astype(jnp.int64), -1, ax)
 
 
 # -- searching -----------------------------------------------------------------------------

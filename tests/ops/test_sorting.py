@@ -136,3 +136,14 @@ def test_histogram():
     check(lambda a, w: torch.histogram(a, 5, weight=w, density=True), x, _rand(50, seed=1).abs())
     check(lambda a: torch.histogram(a, 4), torch.full((5,), 2.0))
     check(lambda a, b: torch.histogram(a, b), torch.tensor([0.0, 1, 2, 3, 4, 9]), torch.tensor([0.0, 1, 3, 4]))
+
+
+def test_topk_special_values():
+    x = torch.tensor([[0.5, -INF, INF, NAN, -3.0, -0.0, 2.0, -1e-30, 1e-30]])
+    for largest in (True, False):
+        for k in (1, 4, 9):
+            check(lambda a: torch.topk(a, k, largest=largest), x)
+    i = torch.iinfo(torch.int64)
+    check(lambda a: torch.topk(a, 2, largest=False), torch.tensor([5, i.min, i.max, -1]))
+    check(lambda a: torch.topk(a, 2), _distinct(4, 5, dtype=torch.float64))
+    check(lambda a: torch.topk(a, 2), _distinct(4, 5, dtype=torch.int16))

@@ -195,3 +195,40 @@ def test_multi_margin_loss_unbatched_none():
 @_META_1D
 def test_multilabel_margin_loss_unbatched_none():
     check(lambda x, t: F.multilabel_margin_loss(x, t, reduction="none"), _rand(4), torch.tensor([2, -1, 0, 0]))
+
+
+# -- CTC ---------------------------------------------------------------------------------------------
+def _ctc_inputs(t=6, n=3, c=5):
+    x = _rand(t, n, c).requires_grad_()
+    targets = torch.tensor([[1, 2, 2], [3, 0, 0], [4, 4, 1]])
+    return x, targets
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_ctc_loss_padded_targets(reduction):
+    x, targets = _ctc_inputs()
+    check(lambda x, t: F.ctc_loss(x.log_softmax(2), t, [6, 4, 5], [3, 1, 0], reduction=reduction),
+          x, targets, grad=True)
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_concatenated_targets_tensor_lengths(zero_infinity):
+    x, _ = _ctc_inputs()
+    flat = torch.tensor([1, 2, 2, 3, 4, 4, 1, 2])
+    # the third sequence cannot emit 4 labels in 2 steps: an infinite loss
+    il, tl = torch.tensor([6, 4, 2]), torch.tensor([3, 1, 4])
+    check(lambda x, t, il, tl: F.ctc_loss(x.log_softmax(2), t, il, tl, reduction="none",
+                                          zero_infinity=zero_infinity), x, flat, il, tl, grad=zero_infinity)
+
+
+def test_ctc_loss_unbatched_and_log_alpha():
+    x = _rand(5, 4).requires_grad_()
+    check(lambda x, t: F.ctc_loss(x.log_softmax(1), t, [5], [2]), x, torch.tensor([1, 3]), grad=True)
+    lp = _rand(6, 3, 5).log_softmax(2)
+    targets = torch.tensor([[1, 2, 2], [3, 0, 0], [4, 4, 1]])
+    nll, alpha = aten._ctc_loss(lp, targets, [6, 4, 5], [3, 1, 0])
+    tnll, talpha = aten._ctc_loss(*to_tpu((lp, targets)), [6, 4, 5], [3, 1, 0])
+    assert_same(nll, tnll, "ctc nll")
+    talpha = talpha.cpu()
+    for b, (t, n) in enumerate(zip([6, 4, 5], [3, 1, 0])):   # torch leaves the rest uninitialised
+        torch.testing.assert_close(talpha[b, :t, : 2 * n + 1], alpha[b, :t, : 2 * n + 1])

@@ -338,9 +338,7 @@ def test_fft(norm):
     check(lambda a: torch.fft.irfftn(a, norm=norm), z)
 
 
-@pytest.mark.xfail(reason="runtime bug: Tensor.conj() on tpu neither sets the conj bit nor "
-                          "conjugates (hfft is _fft_c2r(x.conj()))", strict=False)
-def test_hfft():
+def test_hfft():  # hfft is _fft_c2r(x.conj()): needs the runtime's conj views
     check(lambda a: torch.fft.hfft(a), _rand(4, 6, dtype=torch.complex64))
 
 

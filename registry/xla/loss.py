@@ -284,13 +284,14 @@ def _ctc_setup(log_probs, targets, input_lengths, target_lengths, blank, width):
     tg_len = jnp.asarray(target_lengths, jnp.int64).reshape(n)
     s_max = (width - 1) // 2
     pos = jnp.arange(s_max)
-    if targets.ndim == 2 or (targets.ndim == 1 and log_probs.ndim == 2):
-        padded = targets.reshape(n, -1)
-        padded = padded[:, :s_max] if padded.shape[1] >= s_max else jnp.pad(padded, ((0, 0), (0, s_max - padded.shape[1])))
-    else:   # 1-d concatenated targets
+    if targets.ndim == 2 or (targets.ndim == 1 and log_probs.ndim == 2):   # padded (N, S)
+        padded = targets.reshape(n, -1)[:, :s_max]
+        padded = jnp.pad(padded, ((0, 0), (0, s_max - padded.shape[1])))
+    elif targets.size:   # 1-d concatenated targets
         start = jnp.cumsum(tg_len) - tg_len
-        padded = targets[jnp.clip(start[:, None] + pos, 0, max(targets.shape[0] - 1, 0))] if targets.size else \
-            jnp.zeros((n, s_max), jnp.int64)
+        padded = targets[jnp.clip(start[:, None] + pos, 0, targets.shape[0] - 1)]
+    else:
+        padded = jnp.zeros((n, s_max), jnp.int64)
     padded = jnp.where(pos < tg_len[:, None], padded, blank)
     ext = jnp.full((n, width), blank, padded.dtype).at[:, 1::2].set(padded)
     valid = jnp.arange(width) < 2 * tg_len[:, None] + 1

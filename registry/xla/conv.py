@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 

@@ -5,8 +5,6 @@ forward returns its saved statistics in the layout the matching backward receive
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -29,7 +27,7 @@ def _normalize_backward(x, g, mean, rstd, axes):
     return rstd * (g - g.mean(axes, keepdims=True) - xhat * (g * xhat).mean(axes, keepdims=True))
 
 
-def _wanted(i: int) -> bool:
+def output_wanted(i: int) -> bool:
     """Torch's meta returns a tensor (not None) for output ``i`` of the op being lowered.
 
     Backwards follow this rather than ``output_mask``: the meta functions sometimes return
@@ -43,7 +41,7 @@ def _wanted(i: int) -> bool:
 
 def _masked(*values):
     """Each value, or None where torch returns an undefined tensor."""
-    return tuple(v if v is not None and _wanted(i) else None for i, v in enumerate(values))
+    return tuple(v if v is not None and output_wanted(i) else None for i, v in enumerate(values))
 
 
 def _f(x, acc):
@@ -76,9 +74,9 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     axes = _trailing(x, normalized_shape)
     outer = tuple(range(x.ndim - len(axes)))
     g = go if weight is None else go * weight.astype(acc)
-    dx = _normalize_backward(x, g, mean, rstd, axes) if _wanted(0) else None
-    dw = (go * (x - mean) * rstd).sum(outer) if _wanted(1) else None
-    db = go.sum(outer) if _wanted(2) else None
+    dx = _normalize_backward(x, g, mean, rstd, axes) if output_wanted(0) else None
+    dw = (go * (x - mean) * rstd).sum(outer) if output_wanted(1) else None
+    db = go.sum(outer) if output_wanted(2) else None
     return _masked(dx, dw, db)
 
 
@@ -103,9 +101,9 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
     axes = _trailing(x, normalized_shape)
     xhat = x * rstd
     g = go if weight is None else go * weight.astype(acc)
-    dx = rstd * (g - xhat * (g * xhat).mean(axes, keepdims=True)) if _wanted(0) else None
+    dx = rstd * (g - xhat * (g * xhat).mean(axes, keepdims=True)) if output_wanted(0) else None
     dw = None
-    if _wanted(1):
+    if output_wanted(1):
         dw = (go * xhat).sum(tuple(range(x.ndim - len(axes))))
     return _masked(dx, dw)
 
@@ -133,13 +131,13 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     mean = mean.astype(acc).reshape(N, group, 1)
     rstd = rstd.astype(acc).reshape(N, group, 1)
     dx = dw = db = None
-    if _wanted(0):
+    if output_wanted(0):
         g = go if weight is None else go * weight.astype(acc)[:, None]
         dx = _normalize_backward(x, g.reshape(x.shape), mean, rstd, (2,)).reshape(input.shape)
-    if _wanted(1):
+    if output_wanted(1):
         xhat = ((x - mean) * rstd).reshape(N, C, HxW)
         dw = (go * xhat).sum((0, 2))
-    if _wanted(2):
+    if output_wanted(2):
         db = go.sum((0, 2))
     return _masked(dx, dw, db)
 
@@ -179,7 +177,7 @@ def _bn_eval(input, weight, bias, running_mean, running_var, eps):
     x = input.astype(acc)
     mean, invstd = running_mean.astype(acc), lax.rsqrt(running_var.astype(acc) + eps)
     y = _scale_shift(x, mean, invstd, weight, bias)
-    if out_shape(1) == (0,) or mean.shape == (0,):
+    if out_shape(1) == (0,):
         return y, jnp.zeros((0,), acc), jnp.zeros((0,), acc)
     return y, mean, invstd
 
@@ -225,7 +223,7 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
 
 @xla("aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_no_update")
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    reserve = (jnp.zeros((0,), jnp.uint8),) if _wanted(3) else ()
+    reserve = (jnp.zeros((0,), jnp.uint8),) if output_wanted(3) else ()
     return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), *reserve)
 
 
@@ -236,8 +234,7 @@ def _batch_norm_with_update(input, weight, bias, running_mean, running_var, mome
     return (y, mean, invstd, jnp.zeros((0,), jnp.uint8), *new_stats)
 
 
-def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
-                 train, eps, output_mask):
+def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps):
     acc = float_compute(input.dtype)
     x, go = input.astype(acc), grad_out.astype(acc)
     axes = _reduce_axes(x)
@@ -248,11 +245,11 @@ def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, 
     mean, invstd = _channel(mean, x.ndim), _channel(invstd, x.ndim)
     g = go if weight is None else go * _channel(weight.astype(acc), x.ndim)
     dx = dw = db = None
-    if _wanted(0):
+    if output_wanted(0):
         dx = _normalize_backward(x, g, mean, invstd, axes) if train else g * invstd
-    if _wanted(1):
+    if output_wanted(1):
         dw = (go * (x - mean) * invstd).sum(axes)
-    if _wanted(2):
+    if output_wanted(2):
         db = go.sum(axes)
     return _masked(dx, dw, db)
 
@@ -261,7 +258,7 @@ def _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, 
 def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
                                save_invstd, train, eps, output_mask):
     return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean,
-                        save_invstd, train, eps, output_mask)
+                        save_invstd, train, eps)
 
 
 @xla("aten::batch_norm_backward")
@@ -269,7 +266,7 @@ def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save
                         update, eps, output_mask, reserve):
     # save_var holds the saved inverse std, as native_batch_norm_backward's save_invstd
     return _bn_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
-                        update, eps, output_mask)
+                        update, eps)
 
 
 # -- weight norm ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ plane come from one pass; backwards scatter the gradient through those indices.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -29,12 +30,6 @@ def _tup(v: int | Sequence[int], nd: int, default: Sequence[int] | None = None) 
 
 
 # -- window tables ------------------------------------------------------------------------------
-def _strided_windows(n: int, out: int, k: int, s: int, p: int, d: int):
-    """(out, k) input positions of each window of a strided pool, and which are inside."""
-    idx = np.arange(out)[:, None] * s - p + np.arange(k)[None, :] * d
-    return idx, (idx >= 0) & (idx < n)
-
-
 def _adaptive_windows(n: int, out: int):
     """torch's adaptive windows: [floor(i*n/out), ceil((i+1)*n/out))."""
     start = (np.arange(out) * n) // out
@@ -85,13 +80,57 @@ def _window_max(x: jax.Array, nd: int, flat, valid) -> tuple[jax.Array, jax.Arra
     return m[..., 0], idx
 
 
+class _Geometry:
+    """A strided pool's window geometry over the trailing ``nd`` dims."""
+
+    def __init__(self, sizes, outs, kernel_size, stride, padding, dilation):
+        nd = len(sizes)
+        self.sizes, self.outs = tuple(sizes), tuple(outs)
+        self.k = _tup(kernel_size, nd)
+        self.s, self.p, self.d = _tup(stride, nd, self.k), _tup(padding, nd), _tup(dilation, nd)
+        # the padded extent every window offset fits in (ceil_mode windows may overhang)
+        self.extent = tuple(max(pp + n, (kk - 1) * dd + (o - 1) * ss + 1)
+                            for n, o, kk, ss, pp, dd in zip(sizes, outs, self.k, self.s, self.p, self.d))
+        self.offsets = list(itertools.product(*(range(kk) for kk in self.k)))
+
+    def window_slice(self, off):
+        """Strided slice (of the padded input) holding kernel offset ``off`` of every window."""
+        return tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
+                     for o, d, n, s in zip(off, self.d, self.outs, self.s))
+
+    def positions(self, off):
+        """Per dim, the input position of offset ``off`` of each window (numpy, (out_d,))."""
+        return [np.arange(n) * s - p + o * d for n, s, p, o, d in zip(self.outs, self.s, self.p, off, self.d)]
+
+    def flat_and_valid(self, off):
+        """Flat plane index and in-bounds mask of offset ``off`` for every window (*outs)."""
+        nd = len(self.sizes)
+        flat, valid = np.zeros(self.outs, np.int64), np.ones(self.outs, bool)
+        for dim, (pos, n) in enumerate(zip(self.positions(off), self.sizes)):
+            shape = [1] * nd
+            shape[dim] = -1
+            flat = flat * n + np.clip(pos, 0, n - 1).reshape(shape)
+            valid = valid & ((pos >= 0) & (pos < n)).reshape(shape)
+        return flat, valid
+
+
 def _max_pool(self, nd, kernel_size, stride, padding, dilation):
-    k = _tup(kernel_size, nd)
-    s, p, d = _tup(stride, nd, k), _tup(padding, nd), _tup(dilation, nd)
-    sizes = self.shape[-nd:]
-    outs = out_shape(0)[-nd:]
-    tables = [_strided_windows(*a) for a in zip(sizes, outs, k, s, p, d)]
-    return _window_max(self, nd, *_flat_table(tables, sizes))
+    """Values and flat indices from one strided slice per kernel offset (no gathers)."""
+    geo = _Geometry(self.shape[-nd:], out_shape(0)[-nd:], kernel_size, stride, padding, dilation)
+    lead = self.ndim - nd
+    pads = [(0, 0)] * lead + [(p, e - p - n) for p, e, n in zip(geo.p, geo.extent, geo.sizes)]
+    xp = jnp.pad(self, pads, constant_values=_lowest(self.dtype))
+    vals = jnp.stack([xp[(...,) + geo.window_slice(off)] for off in geo.offsets], axis=-1)
+    tables = [geo.flat_and_valid(off) for off in geo.offsets]
+    flat = np.stack([t[0] for t in tables], -1)
+    valid = np.stack([t[1] for t in tables], -1)
+    m = vals.max(-1, keepdims=True)  # NaN propagates
+    hit = valid & ((vals == m) | (jnp.isnan(vals) & jnp.isnan(m)))
+    k = jnp.argmax(hit, axis=-1)  # the first maximum, as torch
+    idx = jnp.zeros(k.shape, jnp.int64)
+    for j in range(flat.shape[-1]):  # select the index of offset k, without a gather
+        idx = jnp.where(k == j, jnp.asarray(flat[..., j]), idx)
+    return m[..., 0], idx
 
 
 @xla("aten::max_pool2d_with_indices")
@@ -102,6 +141,24 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
 @xla("aten::max_pool3d_with_indices")
 def max_pool3d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     return _max_pool(self, 3, kernel_size, stride, padding, dilation)
+
+
+def _max_pool_backward(grad_output, self, indices, nd, kernel_size, stride, padding, dilation):
+    """Route each gradient to the offset its index names: one dilating pad per kernel offset
+    (the transpose of the forward's strided slices), no scatter."""
+    geo = _Geometry(self.shape[-nd:], grad_output.shape[-nd:], kernel_size, stride, padding, dilation)
+    acc = float_compute(grad_output.dtype)
+    g = grad_output.astype(acc)
+    lead = self.ndim - nd
+    total = jnp.zeros(self.shape[:lead] + geo.extent, acc)
+    for off in geo.offsets:
+        flat, valid = geo.flat_and_valid(off)
+        part = jnp.where((indices == jnp.asarray(flat)) & jnp.asarray(valid), g, 0)
+        cfg = [(0, 0, 0)] * lead + [(o * d, e - (o * d + (n - 1) * s + 1), s - 1)
+                                    for o, d, e, n, s in zip(off, geo.d, geo.extent, geo.outs, geo.s)]
+        total = total + jax.lax.pad(part, np.zeros((), acc), cfg)
+    crop = tuple(slice(p, p + n) for p, n in zip(geo.p, geo.sizes))
+    return total[(...,) + crop].astype(out_dtype())
 
 
 def _scatter_to_planes(grad_output, self, indices, nd: int):
@@ -118,13 +175,13 @@ def _scatter_to_planes(grad_output, self, indices, nd: int):
 @xla("aten::max_pool2d_with_indices_backward")
 def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices):
-    return _scatter_to_planes(grad_output, self, indices, 2)
+    return _max_pool_backward(grad_output, self, indices, 2, kernel_size, stride, padding, dilation)
 
 
 @xla("aten::max_pool3d_with_indices_backward")
 def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
                                      ceil_mode, indices):
-    return _scatter_to_planes(grad_output, self, indices, 3)
+    return _max_pool_backward(grad_output, self, indices, 3, kernel_size, stride, padding, dilation)
 
 
 def _adaptive_max(nd):

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels.registry.context import out_dtype, out_meta, out_shape
+from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
+from tpu_kernels.registry.xla.norm import output_wanted
 
 _CUBIC_A = -0.75   # torch's bicubic (and grid sampler) coefficient
 _AA_CUBIC_A = -0.5  # torch's antialiased bicubic filter
@@ -103,7 +104,8 @@ def _aa_taps(n_in, n_out, align_corners, scale, ft, kind: str):
     xmin = np.maximum((center - support + ft(0.5)).astype(np.int64), 0)
     xsize = np.minimum((center + support + ft(0.5)).astype(np.int64), n_in) - xmin
     j = np.arange(k)
-    w = _aa_filter(kind)(((j[None, :] + xmin[:, None]).astype(ft) - center[:, None] + ft(0.5)) * invscale)
+    x = (j[None, :] + xmin[:, None]).astype(ft) - center[:, None] + ft(0.5)
+    w = _aa_filter(kind)(x * invscale)
     w = np.where(j[None, :] < xsize[:, None], w, 0).astype(ft)
     total = w.sum(1, keepdims=True)
     w = np.where(total != 0, w / np.where(total != 0, total, 1), w).astype(ft)
@@ -286,14 +288,6 @@ def grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
     return grid_sample(input, grid, interpolation_mode, padding_mode, align_corners).astype(out_dtype())
 
 
-def _output_wanted(i: int) -> bool:
-    try:
-        out_meta(i)
-        return True
-    except RuntimeError:
-        return False
-
-
 @xla("aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward")
 def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
                           output_mask):
@@ -303,7 +297,7 @@ def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_
         return grid_sample(x, g, interpolation_mode, padding_mode, align_corners)
     _, vjp = jax.vjp(f, input.astype(acc), grid.astype(acc))
     gi, gg = vjp(grad_output.astype(acc))
-    return (gi if _output_wanted(0) else None, gg if _output_wanted(1) else None)
+    return (gi if output_wanted(0) else None, gg if output_wanted(1) else None)
 
 
 # -- reflection / replication padding ----------------------------------------------------------------------

@@ -50,6 +50,16 @@ def test_conv_noncontiguous_bf16_unbatched():
           _r(2, 3, 3, 3, dtype=torch.bfloat16))
 
 
+def test_conv_zero_batch_no_retrace():
+    check(lambda x, w: F.conv2d(x, w, padding=1), _r(0, 3, 5, 5), _r(4, 3, 3, 3))
+    from tpu_kernels.dispatch import TRACES
+    x, w = to_tpu(_r(2, 3, 6, 6)), to_tpu(_r(4, 3, 3, 3))
+    F.conv2d(x, w)
+    before = TRACES[aten.convolution.default]
+    F.conv2d(x + 1, w)
+    assert TRACES[aten.convolution.default] == before
+
+
 def test_convolution_backward_mask():
     x, w, g = _r(2, 3, 6, 6), _r(4, 3, 3, 3), _r(2, 4, 4, 4)
     for mask in ([True, False, False], [False, True, True], [True, True, False]):

@@ -38,6 +38,13 @@ def test_max_pool2d_special_values_and_layouts():
           grad=True)
 
 
+def test_pool_zero_batch():
+    x = _r(0, 3, 4, 4)
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), x)
+    check(lambda x: F.avg_pool2d(x, 2), x)
+    check(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), x)
+
+
 def test_max_pool3d():
     check(lambda x: F.max_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), return_indices=True),
           _r(2, 2, 4, 5, 6, grad=True), grad=True)

@@ -85,7 +85,7 @@ def _ensure_env() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _build(fn: Callable, config_items: tuple, interpret: bool):
+def _build(fn: Callable, config_items: tuple, interpret: bool, settings: tuple = ()):
     import helion
 
     cfg = helion.Config(**{k: (list(v) if isinstance(v, tuple) else v) for k, v in config_items})
@@ -95,6 +95,7 @@ def _build(fn: Callable, config_items: tuple, interpret: bool):
         pallas_interpret=interpret,
         static_shapes=True,
         config=cfg,
+        **dict(settings),
     )
 
 
@@ -108,12 +109,13 @@ def _sig(a: Any) -> Any:
     return a
 
 
-def launch(fn: Callable, config: dict[str, Any], *args: Any) -> Any:
-    """Run Helion kernel ``fn`` with a fixed ``config`` on JAX arrays (or tracers)."""
+def launch(fn: Callable, config: dict[str, Any], *args: Any, settings: dict[str, Any] | None = None) -> Any:
+    """Run Helion kernel ``fn`` with a fixed ``config`` (and optional extra Helion
+    ``settings``) on JAX arrays (or tracers)."""
     _ensure_env()
     interp = interpret_mode()
     frozen = _freeze(config)
-    kern = _build(fn, frozen, interp)
+    kern = _build(fn, frozen, interp, _freeze(settings or {}))
     key = (fn.__name__, frozen, interp, tuple(_sig(a) for a in args))
     if key in COMPILE_TIMES:
         return kern.jax_fn(*args)

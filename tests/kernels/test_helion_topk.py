@@ -31,7 +31,7 @@ def test_topk_parity(shape, k, dtype, largest):
         x = jnp.argsort(jnp.argsort(x, -1), -1).astype(jnp.bfloat16)
     v, i = jax.jit(lambda a: K.topk(a, k, largest=largest))(x)
     assert v.dtype == dtype and i.dtype == jnp.int64 and v.shape == shape[:-1] + (k,)
-    rv, ri = torch.topk(torch.from_numpy(np.asarray(x.astype(jnp.float32))), k, largest=largest)
+    rv, ri = torch.topk(torch.from_numpy(np.array(x.astype(jnp.float32))), k, largest=largest)
     np.testing.assert_array_equal(np.asarray(v.astype(jnp.float32)), rv.numpy())
     np.testing.assert_array_equal(np.asarray(i), ri.numpy())
 
@@ -40,7 +40,7 @@ def test_topk_f64_input():
     x = _distinct(1, (4, 200), jnp.float32).astype(jnp.float64)
     v, i = K.topk(x, 3)
     assert v.dtype == jnp.float32
-    rv, ri = torch.topk(torch.from_numpy(np.asarray(x)), 3)
+    rv, ri = torch.topk(torch.from_numpy(np.array(x)), 3)
     np.testing.assert_array_equal(np.asarray(i), ri.numpy())
 
 

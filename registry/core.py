@@ -78,7 +78,6 @@ class Registry:
         self._lock = threading.RLock()
         self._state = _Enablement()
         self.epoch = 0  # bumped on every change; part of every dispatch cache key
-        self._static_cache: dict[Any, tuple[str, ...]] = {}
 
     # -- building the table -------------------------------------------------
     def add(self, impl: Impl) -> Impl:
@@ -109,15 +108,6 @@ class Registry:
 
     def disabled(self, kind: str) -> bool:
         return kind in self._state.disabled
-
-    def static_names(self, op: Any) -> tuple[str, ...]:
-        """Scalar args of ``op`` that some impl needs as Python values at trace time."""
-        key = (op, self.epoch)
-        hit = self._static_cache.get(key)
-        if hit is None:
-            hit = tuple(sorted({n for i in self._table.get(op, ()) for n in i.static}))
-            self._static_cache[key] = hit
-        return hit
 
     def enabled(self, impl: Impl) -> str | None:
         """None when ``impl``'s kind may run now, else why not."""

@@ -19,17 +19,17 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import random_state, strided
+from tpu_kernels import errors, random_state, strided
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_kernels.tensor import DEVICE, TpuTensor, read, to_jax, to_torch, wrap, write
 
 log = logging.getLogger("tpu_kernels.dispatch")
 aten = torch.ops.aten
 
 # schema argument kinds
-TENSOR, TENSOR_LIST, SCALAR, STATIC = "tensor", "tensor_list", "scalar", "static"
+TENSOR, TENSOR_LIST, SCALAR, SCALAR_LIST, STATIC = "tensor", "tensor_list", "scalar", "scalar_list", "static"
 _SCALAR_TYPES = {"number", "Optional[number]", "float", "Optional[float]"}
 
 
@@ -74,6 +74,8 @@ def _arg_kind(arg) -> str:
         return TENSOR_LIST
     if t in _SCALAR_TYPES:
         return SCALAR
+    if t == "List[number]":  # Scalar[]: optimizers pass new values every step
+        return SCALAR_LIST
     return STATIC
 
 
@@ -129,10 +131,11 @@ class _Split:
                 self.sig.append((v.shape, v.dtype))
                 return SLOT
             if isinstance(v, torch.Tensor):
-                if v.dim() != 0 or v.device.type != "cpu":
+                # CPU scalar tensors mix like in torch; foreach ops take a CPU `scalars` list
+                if v.device.type != "cpu" or (v.dim() != 0 and name != "scalars"):
                     raise _device_error(self.op, v)
                 self.leaves.append(v)  # a CPU scalar tensor mixes like in torch
-                self.sig.append(("cpu0d", v.dtype))
+                self.sig.append(("cpu", v.shape, v.dtype))
                 return SLOT
             if type(v) in (int, float, bool):  # a wrapped number in a Tensor slot (x / 2.0)
                 self.leaves.append(v)
@@ -141,6 +144,8 @@ class _Split:
             return _freeze(v)
         if kind == TENSOR_LIST:
             return None if v is None else tuple(self.conv(TENSOR, name, x) for x in v)
+        if kind == SCALAR_LIST and isinstance(v, (list, tuple)):
+            return tuple(self.conv(SCALAR, name, x) for x in v)
         if kind == SCALAR and type(v) in (int, float, bool) and name not in self.static_scalars:
             self.leaves.append(v)
             self.sig.append(type(v))
@@ -178,7 +183,7 @@ def _to_meta(v: Any) -> Any:
         if isinstance(v, TpuTensor):
             base = torch.empty(v._tpu_storage.numel, dtype=v.dtype, device="meta")
             return base.as_strided(v.shape, v.stride(), v.storage_offset())
-        return v.to("meta")
+        return v  # CPU scalar tensors (and foreach `scalars`) stay on the CPU, as torch wants
     if isinstance(v, (list, tuple)):
         return type(v)(_to_meta(x) for x in v)
     if isinstance(v, torch.device) and v.type == "tpu":
@@ -228,6 +233,8 @@ def _mode_token() -> tuple:
 
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
+    if errors.pending() and not errors.on_worker_thread():
+        errors.raise_pending()
     special = _SPECIAL.get(op)
     if special is not None:
         return special(op, args, kwargs)
@@ -239,13 +246,15 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     plan = op_plan(op)
-    split, targs, tkw = _split(plan, args, kwargs, REGISTRY.static_names(op))
+    split, targs, tkw = _split(plan, args, kwargs)
     key = (op, targs, tkw, tuple(split.sig), _mode_token())
     entry = _CACHE.get(key)
     if entry is None:
-        entry = _build(plan, args, kwargs, targs, tkw)
-        with _CACHE_LOCK:
-            _CACHE[key] = entry
+        entry = _cache(key, _build(plan, args, kwargs, targs, tkw))
+    if entry.impl.static:  # this impl needs some scalars' values: key on them too
+        split, targs, tkw = _split(plan, args, kwargs, entry.impl.static)
+        key = (key, targs, tkw)
+        entry = _CACHE.get(key) or _cache(key, _build(plan, args, kwargs, targs, tkw))
     entry.calls += 1
     if entry.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return entry.torch_fn(op, args, kwargs)
@@ -254,6 +263,12 @@ def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         dyn.append(random_state.next_key_data())
     out = entry.fn(*dyn)
     return _finish(entry, args, kwargs, split, out)
+
+
+def _cache(key: Any, entry: Entry) -> Entry:
+    with _CACHE_LOCK:
+        _CACHE[key] = entry
+    return entry
 
 
 def _build(plan, args, kwargs, targs, tkw) -> Entry:
@@ -268,7 +283,7 @@ def _build(plan, args, kwargs, targs, tkw) -> Entry:
         return Entry(Impl(op, torch_fn, kind, kind), None, plan, None, [], torch_fn=torch_fn)
     if impl.data_dependent:
         return Entry(impl, _eager_fn(impl, targs, tkw), plan, None, [])
-    result_meta = op(*margs, **mkwargs)   # torch's shape/dtype (and its error, if any)
+    result_meta = _meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
     outs = _out_metas(result_meta)
     if derived_from is not None:
         fmargs, fmkwargs = meta_args(args, kwargs)
@@ -279,6 +294,33 @@ def _build(plan, args, kwargs, targs, tkw) -> Entry:
     fn = _jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
     log.debug("%s -> %s (skipped: %s)", op, impl, [(i.name, r) for i, r in skipped])
     return Entry(impl, fn, plan, result_meta, write_dtypes)
+
+
+def _meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> Any:
+    """torch's meta result (shapes, dtypes, and torch's own error for bad arguments).
+
+    An op with no meta kernel takes its result's metadata from the impl, traced
+    abstractly; an impl that needs torch's metadata to trace cannot run such an op.
+    """
+    try:
+        return op(*margs, **mkwargs)
+    except NotImplementedError as exc:
+        if "Meta" not in str(exc):
+            raise
+        dyn = [jax.ShapeDtypeStruct(tuple(v.shape), to_jax_dtype(v.dtype)) if isinstance(v, torch.Tensor)
+               else v for v in _split(op_plan(op), args, kwargs, impl.static)[0].leaves]
+
+        def abstract(*leaves):
+            it = iter(leaves)
+            with lowering(Call((), None)):
+                return impl.fn(*_fill(targs, it), **dict((k, _fill(v, it)) for k, v in tkw))
+        try:
+            out = jax.eval_shape(abstract, *dyn)
+        except Exception:
+            raise NotImplementedError(
+                f"{op} has no meta kernel in torch and its impl {impl.name} needs one to trace; "
+                f"register one with torch.library.register_fake") from exc
+        return jax.tree.map(lambda a: torch.empty(a.shape, dtype=to_torch_dtype(a.dtype), device="meta"), out)
 
 
 def _mutated_dtype(args, kwargs, plan: OpPlan, i: int):
@@ -545,6 +587,24 @@ def _run_on_cpu(op: OpOverload, args, kwargs) -> Any:
     return _to_tpu_tree(out)
 
 
+def defer_error(op: OpOverload, args, kwargs, exc: Exception) -> Any:
+    """Record ``exc`` (see ``errors``) and return zeros shaped like ``op``'s result."""
+    errors.defer(exc, str(op))
+    try:
+        meta = op(*meta_args(args, kwargs)[0], **meta_args(args, kwargs)[1])
+    except Exception:  # no shapes to fill: an undefined gradient lets the engine finish
+        return None
+    return _zeros_like_meta(meta)
+
+
+def _zeros_like_meta(m: Any) -> Any:
+    if isinstance(m, torch.Tensor):
+        return wrap(jax.numpy.zeros(tuple(m.shape), to_jax_dtype(m.dtype)), m.dtype)
+    if isinstance(m, (list, tuple)):
+        return type(m)(_zeros_like_meta(x) for x in m)
+    return m
+
+
 # -- ops handled here, not through the registry ------------------------------------------------------
 def _local_scalar_dense(op, args, kwargs):
     return read(args[0]).item()
@@ -578,7 +638,19 @@ def copy_into(dst: TpuTensor, src: torch.Tensor) -> TpuTensor:
     return dst
 
 
+def _native_batch_norm(op, args, kwargs):
+    """``native_batch_norm`` updates the running stats in place without saying so in its
+    schema; ``_native_batch_norm_legit`` means the same and declares the mutation."""
+    a = list(args) + [None] * (8 - len(args))
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
+    a = [kwargs.get(n, v) for n, v in zip(names, a)]
+    if a[5] and a[3] is not None:
+        return aten._native_batch_norm_legit.default(*a)
+    return _run_registered(op, args, kwargs)
+
+
 _SPECIAL: dict[Any, Callable] = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
@@ -589,8 +661,8 @@ _SPECIAL: dict[Any, Callable] = {
 def op_counts() -> dict[tuple[str, str], int]:
     """Calls per (op, impl kind) since start: what the demo's table shows."""
     counts: dict[tuple[str, str], int] = {}
-    for (op, *_), e in list(_CACHE.items()):
-        k = (str(op), e.impl.kind)
+    for e in list(_CACHE.values()):
+        k = (str(e.plan.op), e.impl.kind)
         counts[k] = counts.get(k, 0) + e.calls
     return counts
 

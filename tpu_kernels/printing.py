@@ -9,7 +9,9 @@ _DTYPE_TAIL = re.compile(r"(, dtype=torch\.\w+)?\)$", re.S)
 
 
 def tensor_repr(t: torch.Tensor) -> str:
+    from tpu_kernels import errors
     from tpu_kernels.tensor import read, to_torch
+    errors.raise_pending()
     with torch._C.DisableTorchFunctionSubclass():
         body = repr(to_torch(read(t), t.dtype))
     m = _DTYPE_TAIL.search(body)

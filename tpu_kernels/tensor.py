@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels import strided
+from tpu_kernels import errors, strided
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 DEVICE = torch.device("tpu", 0)
@@ -57,7 +57,12 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return dispatch.run(func, args, kwargs or {})
+        try:
+            return dispatch.run(func, args, kwargs or {})
+        except Exception as exc:
+            if not errors.on_worker_thread():
+                raise
+            return dispatch.defer_error(func, args, kwargs or {}, exc)
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""

@@ -84,3 +84,17 @@ def canon_dims(dim: Any, ndim: int) -> tuple[int, ...]:
 
 def jdtype(dtype: torch.dtype | None) -> np.dtype | None:
     return None if dtype is None else to_jax_dtype(dtype)
+
+
+_META_LIB = torch.library.Library("aten", "IMPL")
+
+
+def meta_like(op_name: str, like: str) -> None:
+    """Give an ATen op that torch ships without a Meta kernel one whose result is shaped
+    like its argument ``like`` (the dispatcher asks the meta function for every result)."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op_name}", "Meta"):
+        return
+    name, _, overload = op_name.partition(".")
+    op = getattr(getattr(torch.ops.aten, name), overload or "default")
+    pos = [a.name for a in op._schema.arguments].index(like)
+    _META_LIB.impl(op_name, lambda *args, **kw: torch.empty_like(args[pos]), "Meta")

@@ -13,29 +13,16 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute
+from tpu_kernels.registry.xla._util import float_compute, meta_like
 
 NONE, MEAN, SUM = 0, 1, 2
 
-# Torch ships no Meta kernel for these backward ops, and the dispatcher asks the meta
-# function for every result's shape: each returns a tensor shaped like its ``self``.
-_META_LIB = torch.library.Library("aten", "IMPL")
-
-
-def _meta_like(op_name: str, like: str) -> None:
-    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op_name}", "Meta"):
-        return
-    name, _, overload = op_name.partition(".")
-    op = getattr(getattr(torch.ops.aten, name), overload or "default")
-    pos = [a.name for a in op._schema.arguments].index(like)
-    _META_LIB.impl(op_name, lambda *args, **kw: torch.empty_like(args[pos]), "Meta")
-
-
+# Torch ships no Meta kernel for these backward ops; each result is shaped like an input.
 for _op, _like in (("multi_margin_loss_backward", "self"),
                    ("multilabel_margin_loss_backward", "self"),
                    ("_ctc_loss_backward", "log_probs"),
                    ("_ctc_loss_backward.Tensor", "log_probs")):
-    _meta_like(_op, _like)
+    meta_like(_op, _like)
 
 
 def _reduce(loss: jax.Array, reduction: int) -> jax.Array:

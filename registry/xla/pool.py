@@ -18,6 +18,7 @@ from jax import lax
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import meta_like
 from tpu_kernels.registry.xla._util import float_compute
 
 
@@ -358,3 +359,6 @@ for _nd in (2, 3):
     xla(f"aten::_adaptive_avg_pool{_nd}d", name=f"_adaptive_avg_pool{_nd}d")(_adaptive_avg(_nd))
     xla(f"aten::_adaptive_avg_pool{_nd}d_backward",
         name=f"_adaptive_avg_pool{_nd}d_backward")(_adaptive_avg_backward(_nd))
+
+
+meta_like("fractional_max_pool3d_backward", "self")  # torch ships no Meta kernel for it

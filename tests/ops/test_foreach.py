@@ -94,8 +94,6 @@ def test_pointwise(name):
     check(inplace(name), xs, t1, t2, [0.1, -0.2, 0.3, 2.0])
 
 
-@pytest.mark.xfail(strict=True, reason="runtime: torch requires `scalars` (1-d) on the CPU, and "
-                   "dispatch._Split.conv accepts only 0-d CPU tensors")
 def test_pointwise_tensor_scalars():
     xs, t1, t2 = tensors(), tensors(), tensors(low=0.5, high=2.0)
     s = torch.tensor([0.1, -0.2, 0.3, 2.0])
@@ -166,9 +164,6 @@ def test_optimizer_steps(name, cls, kw):
     assert_same(expected, actual, name)
 
 
-@pytest.mark.xfail(strict=True, reason="runtime: Scalar[] arguments (the per-step bias-corrected "
-                   "step sizes of _foreach_addcdiv_/_foreach_div_.ScalarList) are keyed as static "
-                   "values in dispatch._Split, so every optimizer step retraces")
 def test_adamw_foreach_steps_do_not_retrace():
     from tpu_kernels import dispatch
     params = [p.to("tpu").requires_grad_() for p in tensors()]

@@ -505,3 +505,25 @@ def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
     o, lse, _, _ = _forward(q, k, v, mask, opts)
     sq, d = q.shape[2], q.shape[3]
     return o[:, :, :sq, :d], lse[:, :, :sq, 0]
+
+
+def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
+                        out: jax.Array, lse: jax.Array, mask: jax.Array | None = None, *,
+                        causal: bool = False, scale: float | None = None,
+                        block: Blocks | None = None, interpret: bool | None = None,
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Backward from the saved forward (``out``, ``lse [b, hq, sq]``) -> (dq, dk, dv), for
+    ops that keep the logsumexp between passes (aten's flash attention backward)."""
+    opts = _opts(q, k, v, mask, causal, scale, 0.0, block, interpret)
+    b, hq, sq, d = q.shape
+    bq, bk = opts[2]
+    sqp, skvp, dp = _round_up(sq, bq), _round_up(k.shape[2], bk), _round_up(d, LANES)
+    qp = _pad(q, (b, hq, sqp, dp))
+    kp, vp = (_pad(x, x.shape[:2] + (skvp, dp)) for x in (k, v))
+    mp = _prep_mask(mask, b, hq, sq, k.shape[2], sqp, skvp)
+    op = _pad(out.astype(q.dtype), qp.shape)
+    # padded rows get lse 0: their scores are 0 and their output grads 0, so they add nothing
+    lsep = jnp.broadcast_to(_pad(lse.astype(jnp.float32)[..., None], (b, hq, sqp, 1)),
+                            (b, hq, sqp, LANES))
+    dq, dk, dv, _ = _attention_bwd(opts, ((qp, kp, vp, mp), op, lsep, q.shape, k.shape), do)
+    return dq, dk, dv

@@ -1,5 +1,13 @@
 """Composite torch calls the tpu device runs as one op.
 
+``F.scaled_dot_product_attention`` picks its kernel through a C++ choice function that
+a Python backend cannot register, so on tpu it would always take the math path (mask
+building, two bmm, softmax). Catching ``scaled_dot_product_attention`` at
+``AutogradPrivateUse1`` sends it to ``_scaled_dot_product_flash_attention_for_cpu``, one
+fused op each way (its backward is torch's own derivative formula), which the registry
+runs as the Pallas flash kernel or the fused XLA lowering. Dropout takes the math path.
+
+
 ``F.cross_entropy`` is CompositeImplicitAutograd: torch would split it into
 ``log_softmax`` + ``nll_loss`` before the tpu tensor sees it, and the fused kernels
 (one pass over the vocabulary) could never run. Registering ``cross_entropy_loss`` at
@@ -25,7 +33,21 @@ def _cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-1
                                                      ignore_index, label_smoothing)
 
 
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    gqa_ok = query.shape[-3] == key.shape[-3] or enable_gqa
+    if dropout_p == 0.0 and query.dim() == 4 and gqa_ok and not (is_causal and attn_mask is not None):
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf"))
+        return aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
 def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("cross_entropy_loss", _cross_entropy_loss, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
     install.lib = lib  # keep the registration alive

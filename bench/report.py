@@ -99,10 +99,17 @@ def _geomean(xs: list[float]) -> float:
 def xla_vs_cpu(run: dict) -> dict[str, dict]:
     """Per kernel: geometric mean (and range) of torch_cpu median / XLA median."""
     per: dict[str, list[float]] = {}
+    per_min: dict[str, list[float]] = {}
+    cpu = {(r["kernel"], r["case"], r["dtype"]): r for r in run["results"]
+           if r["kind"] == "torch_cpu" and r.get("min_s")}
     for r in run["results"]:
         if r["kind"] == "xla" and r.get("speedup_vs_cpu"):
             per.setdefault(r["kernel"], []).append(r["speedup_vs_cpu"])
-    return {k: {"geomean": _geomean(v), "min": min(v), "max": max(v), "cases": len(v)}
+            c = cpu.get((r["kernel"], r["case"], r["dtype"]))
+            if c:
+                per_min.setdefault(r["kernel"], []).append(c["min_s"] / r["min_s"])
+    return {k: {"geomean": _geomean(v), "min": min(v), "max": max(v), "cases": len(v),
+                "geomean_of_min_times": _geomean(per_min[k]) if per_min.get(k) else None}
             for k, v in per.items()}
 
 
@@ -115,10 +122,13 @@ def summary(run: dict) -> list[str]:
              f"{sum((r.get('check') or {}).get('ok') is False for r in rs)} failed checks"]
     ratios = xla_vs_cpu(run)
     if ratios:
-        lines.append("XLA lowering vs torch CPU (torch_cpu time / xla time; >1 = XLA faster):")
+        lines.append("XLA lowering vs torch CPU (torch_cpu time / xla time; >1 = XLA faster; medians, "
+                     "and min times, which a shared machine disturbs less):")
         for k, v in ratios.items():
+            mins = v["geomean_of_min_times"]
             lines.append(f"  {k:<26} x{v['geomean']:.2f} (geomean of {v['cases']}; "
-                         f"range {v['min']:.2f}-{v['max']:.2f})")
+                         f"range {v['min']:.2f}-{v['max']:.2f})"
+                         + (f"  min-time ratio x{mins:.2f}" if mins else ""))
     comp = [r for r in rs if r.get("compare_ratio")]
     if comp:
         worse = [r for r in comp if r["compare_ratio"] > REGRESSION]

@@ -34,6 +34,7 @@ RESULTS = os.path.join(".tpu_kernels", "bench.json")
 PLOTS = os.path.join(".tpu_kernels", "bench")
 FORMAT = 1
 KERNEL_KINDS = ("pallas", "helion")
+SETTLE_S = 0.15
 HEADER_NOTE = ("tpu impls are timed through the tpu device in eager mode (tensors on tpu, the op "
                "called with the impl forced, synchronised with block_until_ready): the times "
                "include eager dispatch overhead, which is what users see. torch_cpu is the op on "
@@ -137,7 +138,12 @@ def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | str:
     if len(got) != len(ref):
         return f"{len(got)} outputs, expected {len(ref)}"
     worst = 0.0
+    # integer outputs next to float ones are indices (topk, max.dim): ties may pick other
+    # indices legitimately, so only the float outputs are judged then
+    any_float = any(r.is_floating_point() for r in ref)
     for g, r in zip(got, ref):
+        if any_float and not r.is_floating_point():
+            continue
         g = g.detach().cpu()
         if tuple(g.shape) != tuple(r.shape):
             return f"shape {tuple(g.shape)} != {tuple(r.shape)}"
@@ -217,7 +223,13 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     from tpu_kernels import registry
     from tpu_kernels.pallas.tpu_info import on_tpu
 
-    op = resolve_op(bench.op)
+    try:
+        op = resolve_op(bench.op)
+    except (AttributeError, RuntimeError, ValueError) as exc:   # a definition ahead of its op
+        r = _result(bench, c, "none", "none", device="-", mode="-", status="skipped",
+                    reason=f"op {bench.op} is not defined ({type(exc).__name__})")
+        emit(r)
+        return [r]
     args, kwargs = bench.make_args(c)
     tol = TOLERANCE.get(c.dtype, 2e-3)
     results: list[dict] = []
@@ -230,6 +242,9 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     cpu_args, cpu_kwargs = tree_map(_clone, args), tree_map(_clone, kwargs)
     ref: list[torch.Tensor] | None = None
     ref_error = None
+    # Let threads left busy by the previous case's XLA compiles go idle: on a small shared
+    # CPU, torch's intra-op threads otherwise wait for scheduler ticks (ms-sized stalls).
+    time.sleep(SETTLE_S)
     try:
         stats, out = measure(lambda: op(*cpu_args, **cpu_kwargs),
                              lambda o: [], warmup=warmup, iters=iters, budget_s=budget_s)

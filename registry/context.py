@@ -28,6 +28,8 @@ class OutMeta:
 class Call:
     outs: tuple[OutMeta | None, ...]
     key: Any = None  # a jax PRNG key for random ops
+    # (violated: jax bool scalar, exception class, message) raised after the op runs
+    checks: list = dataclasses.field(default_factory=list)
 
 
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("tpu_kernels_call", default=None)
@@ -71,3 +73,16 @@ def rng_key() -> jax.Array:
     if key is None:
         raise RuntimeError("rng_key() called by an impl not registered with random=True")
     return key
+
+
+def check(ok: jax.Array, message: str, exc: type = IndexError) -> None:
+    """Raise ``exc(message)`` if ``ok`` is not all true, without a host sync per op.
+
+    The condition is computed with the op's result; the dispatcher raises it at the next
+    synchronisation (``.item()``, ``.cpu()``, printing, ``torch.tpu.synchronize()``), or at
+    once with ``TPU_KERNELS_SYNC_CHECKS=1``. XLA would otherwise clamp or drop the bad
+    values silently. Outside a lowering (e.g. a kernel called from JAX) it does nothing.
+    """
+    call = _CALL.get()
+    if call is not None:
+        call.checks.append((jnp.logical_not(jnp.all(ok)), exc, message))

@@ -261,7 +261,11 @@ def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     dyn = [_leaf_value(v) for v in split.leaves]
     if entry.impl.random:
         dyn.append(random_state.next_key_data())
-    out = entry.fn(*dyn)
+    if entry.impl.data_dependent:
+        return _finish(entry, args, kwargs, split, entry.fn(*dyn))
+    out, flags = entry.fn(*dyn)
+    if flags is not None:
+        errors.watch(flags, str(op), entry.fn.checks)
     return _finish(entry, args, kwargs, split, out)
 
 
@@ -344,13 +348,21 @@ def _jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dty
         it = iter(dyn)
         a = _fill(targs, it)
         kw = dict((k, _fill(v, it)) for k, v in tkw)
-        with lowering(Call(tuple(func_outs), key)):
+        call = Call(tuple(func_outs), key)
+        with lowering(call):
             result = impl.fn(*a, **kw)
         if plan.mutated:
-            return _cast_mutations(op, impl, result, write_dtypes, n_alias_free, outs)
-        return _cast_outputs(op, impl, result, expect)
+            result = _cast_mutations(op, impl, result, write_dtypes, n_alias_free, outs)
+        else:
+            result = _cast_outputs(op, impl, result, expect)
+        checks[:] = [(exc, msg) for _, exc, msg in call.checks]
+        flags = jax.numpy.stack([bad for bad, _, _ in call.checks]) if call.checks else None
+        return result, flags
 
-    return jax.jit(traced)
+    checks: list = []   # filled at trace time: what each flag means
+    jitted = jax.jit(traced)
+    jitted.checks = checks
+    return jitted
 
 
 def _flatten(x: Any) -> list:
@@ -607,6 +619,7 @@ def _zeros_like_meta(m: Any) -> Any:
 
 # -- ops handled here, not through the registry ------------------------------------------------------
 def _local_scalar_dense(op, args, kwargs):
+    errors.raise_pending()
     return read(args[0]).item()
 
 
@@ -614,6 +627,7 @@ def _to_copy(op, args, kwargs):
     x = args[0]
     device = kwargs.get("device")
     if device is not None and torch.device(device).type == "cpu":
+        errors.raise_pending()
         out = to_torch(read(x), x.dtype)
         dtype = kwargs.get("dtype")
         return out.to(dtype) if dtype is not None and dtype != out.dtype else out
@@ -624,6 +638,7 @@ def _to_copy(op, args, kwargs):
 def _copy_(op, args, kwargs):
     dst, src = args[0], args[1]
     if not isinstance(dst, TpuTensor):        # tpu -> cpu
+        errors.raise_pending()
         dst.copy_(to_torch(read(src), src.dtype))
         return dst
     if not isinstance(src, TpuTensor):        # cpu -> tpu

@@ -10,7 +10,11 @@ device-side asserts.
 """
 from __future__ import annotations
 
+import os
 import threading
+from typing import Any
+
+import numpy as np
 
 import torch
 
@@ -30,17 +34,49 @@ def defer(exc: BaseException, where: str) -> None:
 
 
 def pending() -> bool:
-    return bool(_pending)
+    return bool(_pending) or (SYNC_CHECKS and bool(_watched))
 
 
 def raise_pending() -> None:
     """Raise the first recorded error (and forget the rest, which it usually caused)."""
+    if _watched:
+        _check_watched()
     if not _pending:
         return
     with _lock:
         err = _pending[0]
         _pending.clear()
     raise err
+
+
+# -- device-side checks: flags computed with an op's result, read at the next sync ---------
+SYNC_CHECKS = os.environ.get("TPU_KERNELS_SYNC_CHECKS", "") not in ("", "0")
+MAX_WATCHED = 256   # past this many unread flags, the oldest are read (they are done by then)
+_watched: list[tuple[Any, str, list]] = []
+
+
+def watch(flags: Any, op: str, checks: list) -> None:
+    """Remember an op's check flags (a jax bool vector, one per check in ``checks``)."""
+    with _lock:
+        _watched.append((flags, op, checks))
+        overflow = len(_watched) > MAX_WATCHED
+    if SYNC_CHECKS:
+        raise_pending()
+    elif overflow:
+        _check_watched(keep=MAX_WATCHED // 2)
+
+
+def _check_watched(keep: int = 0) -> None:
+    with _lock:
+        todo = _watched[: len(_watched) - keep]
+        del _watched[: len(_watched) - keep]
+    for flags, op, checks in todo:
+        bad = np.asarray(flags)
+        for hit, (exc, message) in zip(bad, checks):
+            if hit:
+                with _lock:
+                    _pending.append(exc(f"{op}: {message}"))
+                return
 
 
 def on_worker_thread() -> bool:

@@ -15,7 +15,13 @@ import torch.nn.functional as F
 
 from tpu_kernels.pallas.reference import cross_entropy as ce_ref
 from tpu_kernels.pallas.reference import linear_cross_entropy as lce_ref
+from tpu_kernels.registry.context import check
 from tpu_kernels.registry.decorator import tpu_kernel
+
+
+def _targets_in_range(target, n_cls: int, ignore_index: int) -> None:
+    check((target == ignore_index) | ((target >= 0) & (target < n_cls)),
+          f"Target is out of bounds (classes: {n_cls})")
 
 
 def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
@@ -28,6 +34,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy(logits [n, C], target [n])`` in one fused XLA computation (f32 stats)."""
+    _targets_in_range(target, logits.shape[1], ignore_index)
     return ce_ref.cross_entropy(logits, target, weight, ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing)
 
@@ -42,6 +49,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          label_smoothing: float = 0.0) -> torch.Tensor:
     """``cross_entropy(hidden [n, h] @ weight [V, h].T, target)``; the Pallas kernel never
     materialises the logits, this XLA version does."""
+    _targets_in_range(target, weight.shape[0], ignore_index)
     return lce_ref.linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
                                         reduction=reduction, label_smoothing=label_smoothing)
 

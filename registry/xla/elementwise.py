@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_kernels.registry.context import out_dtype
+from tpu_kernels.registry.context import check, out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype, compute_dtype, float_compute
 
@@ -209,6 +209,7 @@ def div_core(x, y, dt, rounding_mode=None):
     if rounding_mode is None:
         q = a / b
     elif _is_int(cd):
+        _no_int_zero_division(b)
         q = lax.div(a, b) if rounding_mode == "trunc" else _floor_div_int(a, b)
     else:
         r = (lambda v: v.astype(dt).astype(cd)) if cd != dt else (lambda v: v)
@@ -216,15 +217,24 @@ def div_core(x, y, dt, rounding_mode=None):
     return q.astype(dt)
 
 
+def _no_int_zero_division(b) -> None:
+    """Integer division by zero raises in torch; XLA returns garbage (checked, deferred)."""
+    check(b != 0, "ZeroDivisionError", ZeroDivisionError)
+
+
 def remainder_core(x, y, dt):
     cd = float_compute(dt)
     a, b = as_dtype(x, cd), as_dtype(y, cd)
+    if _is_int(cd):
+        _no_int_zero_division(b)
     m = lax.rem(a, b)
     return jnp.where((m != 0) & ((m < 0) != (b < 0)), m + b, m).astype(dt)
 
 
 def fmod_core(x, y, dt):
     cd = float_compute(dt)
+    if _is_int(cd):
+        _no_int_zero_division(as_dtype(y, cd))
     return lax.rem(as_dtype(x, cd), as_dtype(y, cd)).astype(dt)
 
 

@@ -13,13 +13,27 @@ import numpy as np
 import torch
 from jax import lax
 
-from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype, compute_dtype
 
 
 def _dim(d: int, ndim: int) -> int:
     return d % max(ndim, 1)
+
+
+def _in_range(index: jax.Array, size: int, what: str, *, negative: bool = False,
+              exc: type = IndexError) -> None:
+    """XLA fills or drops out-of-range indices silently; torch raises: check (deferred)."""
+    lo = -size if negative else 0
+    check((index >= lo) & (index < size), f"{what} (an index is outside [{lo}, {size}))", exc)
+
+
+def _check_coords(x_shape, indices) -> None:
+    for d, ix in enumerate(indices):
+        if ix is not None and hasattr(ix, "dtype") and ix.dtype not in (jnp.bool_, jnp.uint8):
+            _in_range(ix, x_shape[d], f"index is out of bounds for dimension {d} with size "
+                      f"{x_shape[d]}", negative=True)
 
 
 def _read(x: jax.Array, idx) -> jax.Array:
@@ -45,7 +59,10 @@ def _as_1d(*xs):
 def gather(self, dim, index, *, sparse_grad=False):
     if self.ndim == 0:
         self, index = _as_1d(self, index)
-    return _read(self, _along(index, _dim(dim, self.ndim))).reshape(out_shape())
+    d = _dim(dim, self.ndim)
+    _in_range(index, self.shape[d], f"index out of bounds for dimension {d} with size "
+              f"{self.shape[d]}", exc=RuntimeError)
+    return _read(self, _along(index, d)).reshape(out_shape())
 
 
 def _src_for(src, index: jax.Array, dtype) -> jax.Array:
@@ -72,6 +89,15 @@ def _identity(reduce: str, dtype) -> jax.Array:
     return jnp.asarray(1 if reduce in ("prod", "multiply") else 0, dtype)
 
 
+def _scatter_coords(self, dim: int, index: jax.Array) -> tuple:
+    """(self as >= 1-d, index, full coordinates) for a scatter along ``dim``; checks range."""
+    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
+    d = _dim(dim, x.ndim)
+    _in_range(index, x.shape[d], f"index out of bounds for dimension {d} with size {x.shape[d]}",
+              exc=RuntimeError)
+    return x, index, _along(index, d)
+
+
 def _scatter_reduce(self, coords: tuple, src, reduce: str, include_self: bool = True):
     """``self`` with ``src`` reduced into ``coords`` (torch's scatter_reduce semantics)."""
     base = self if include_self else self.at[coords].set(_identity(reduce, self.dtype), mode="drop")
@@ -90,30 +116,26 @@ def _scatter_reduce(self, coords: tuple, src, reduce: str, include_self: bool = 
 @xla("aten::scatter.src", "aten::scatter.value", "aten::scatter_.src", "aten::scatter_.value")
 def scatter(self, dim, index, src):
     # duplicate indices: torch leaves the winner undefined; XLA picks one
-    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
-    coords = _along(index, _dim(dim, x.ndim))
+    x, index, coords = _scatter_coords(self, dim, index)
     return x.at[coords].set(_src_for(src, index, x.dtype), mode="drop").reshape(self.shape)
 
 
 @xla("aten::scatter.reduce", "aten::scatter.value_reduce", "aten::scatter_.reduce",
      "aten::scatter_.value_reduce")
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
-    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
-    coords = _along(index, _dim(dim, x.ndim))
+    x, index, coords = _scatter_coords(self, dim, index)
     return _scatter_reduce(x, coords, _src_for(src, index, x.dtype), reduce).reshape(self.shape)
 
 
 @xla("aten::scatter_add", "aten::scatter_add_")
 def scatter_add(self, dim, index, src):
-    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
-    coords = _along(index, _dim(dim, x.ndim))
+    x, index, coords = _scatter_coords(self, dim, index)
     return x.at[coords].add(_src_for(src, index, x.dtype), mode="drop").reshape(self.shape)
 
 
 @xla("aten::scatter_reduce.two", "aten::scatter_reduce_.two")
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
-    x, index = _as_1d(self, index) if self.ndim == 0 else (self, index)
-    coords = _along(index, _dim(dim, x.ndim))
+    x, index, coords = _scatter_coords(self, dim, index)
     return _scatter_reduce(x, coords, _src_for(src, index, x.dtype), reduce,
                            include_self).reshape(self.shape)
 
@@ -122,6 +144,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 @xla("aten::index_select")
 def index_select(self, dim, index):
     x = self.reshape(1) if self.ndim == 0 else self
+    _in_range(index, x.shape[_dim(dim, x.ndim)], "index out of range in self")
     return jnp.take(x, index.reshape(-1), axis=_dim(dim, x.ndim), mode="fill",
                     fill_value=0).reshape(out_shape())
 
@@ -131,6 +154,8 @@ def _index_dim_update(self, dim, index, source, how: str):
     x = self.reshape(1) if self.ndim == 0 else self
     dim = _dim(dim, x.ndim)
     index = index.reshape(-1)
+    _in_range(index, x.shape[dim], f"index out of range for dimension {dim} with size "
+              f"{x.shape[dim]}", negative=True)
     shape = x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]
     src = jnp.broadcast_to(as_dtype(source, x.dtype), shape) if not hasattr(source, "ndim") \
         or source.ndim == 0 else source.astype(x.dtype).reshape(shape)
@@ -184,6 +209,7 @@ def _coords(indices) -> tuple:
 
 @xla("aten::index.Tensor", "aten::_unsafe_index.Tensor", supports=_no_mask)
 def index(self, indices):
+    _check_coords(self.shape, indices)
     return _read(self, _coords(indices))
 
 
@@ -231,6 +257,7 @@ def _static_mask_coords(self_shape, indices, values):
 @xla("aten::index_put", "aten::index_put_", "aten::_unsafe_index_put")
 def index_put(self, indices, values, accumulate=False):
     # without accumulate, duplicate indices leave the winner undefined (as in torch)
+    _check_coords(self.shape, indices)
     coords, values = _static_mask_coords(self.shape, indices, values.astype(self.dtype))
     ref = self.at[coords]
     return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
@@ -249,11 +276,15 @@ def unsafe_masked_index_put_accumulate(self, mask, indices, values):
 
 @xla("aten::take")
 def take(self, index):
+    _in_range(index, self.size, f"out of range: tried to access index outside a tensor of "
+              f"{self.size} elements", negative=True)
     return _read(self.reshape(-1), index)
 
 
 @xla("aten::put", "aten::put_")
 def put(self, index, source, accumulate=False):
+    _in_range(index, self.size, f"out of range: tried to access index outside a tensor of "
+              f"{self.size} elements", negative=True)
     ref = self.reshape(-1).at[index.reshape(-1)]
     src = source.reshape(-1).astype(self.dtype)
     flat = ref.add(src, mode="drop") if accumulate else ref.set(src, mode="drop")
@@ -321,6 +352,7 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
 # -- embeddings ------------------------------------------------------------------------------------
 @xla("aten::embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    _in_range(indices, weight.shape[0], "index out of range in self")
     return jnp.take(weight, indices, axis=0, mode="fill", fill_value=0)
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute, meta_like
 
@@ -48,6 +48,8 @@ def _nll_pick(self, target, weight, ignore_index, ct):
     """Per-target -x[target]*w and w, with ignored targets giving 0 (class axis 1, or 0 for 1-D)."""
     cdim = 0 if self.ndim < 2 else 1
     valid = target != ignore_index
+    n_cls = self.shape[cdim]
+    check(~valid | ((target >= 0) & (target < n_cls)), f"Target is out of bounds (classes: {n_cls})")
     safe = jnp.where(valid, target, 0)
     picked = jnp.take_along_axis(self.astype(ct), jnp.expand_dims(safe, cdim), axis=cdim)
     picked = jnp.squeeze(picked, cdim)

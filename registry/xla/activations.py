@@ -309,3 +309,21 @@ def softshrink(x, lambd=0.5, *, cd):
 @_act
 def shrink_backward(grad, x, lambd, *, cd):
     return jnp.where(_inside(x, lambd, cd), _zero(grad), grad)
+
+
+# -- glu ------------------------------------------------------------------------------------------
+def _glu(x, dim: int):
+    a, b = jnp.split(x, 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+@xla("aten::glu")
+@_act
+def glu(x, dim=-1, *, cd):
+    return _glu(x, dim)
+
+
+@xla("aten::glu_backward")
+@_act
+def glu_backward(grad, x, dim, *, cd):
+    return jax.vjp(lambda v: _glu(v, dim), x)[1](grad)[0]

@@ -69,3 +69,51 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) 
     ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
     prec = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=prec)
+
+
+# -- gated activations and rotary embedding ------------------------------------------------
+def _f32(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+@tpu_kernel("tpu_kernels::swiglu", kind="xla", reference=lambda a, b: F.silu(a) * b, backward="vjp")
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` (the gate of Llama-family MLPs), computed in float32."""
+    return (jax.nn.silu(_f32(a)) * _f32(b)).astype(a.dtype)
+
+
+@tpu_kernel("tpu_kernels::geglu", kind="xla", backward="vjp",
+            reference=lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b)
+def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(a) * b`` (exact erf GELU, or ``approximate="tanh"``), computed in float32."""
+    return (jax.nn.gelu(_f32(a), approximate=approximate == "tanh") * _f32(b)).astype(a.dtype)
+
+
+def _rotate(x, cos, sin, interleaved: bool):
+    if interleaved:   # pairs (x[2i], x[2i+1])
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        rot = jnp.stack([-x2, x1], axis=-1).reshape(x.shape)
+    else:             # halves, Llama/HF rotate_half
+        h = x.shape[-1] // 2
+        rot = jnp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * cos + rot * sin
+
+
+def _rope_reference(q, k, cos, sin, interleaved=False):
+    def rot(x):
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack([-x2, x1], dim=-1).reshape(x.shape)
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+@tpu_kernel("tpu_kernels::rope", kind="xla", reference=_rope_reference, backward="vjp")
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of ``q``, ``k [b, h, s, d]`` with ``cos``, ``sin [s, d]``:
+    the half-rotation layout (``interleaved=False``) or the interleaved pairs one."""
+    c, s_ = _f32(cos), _f32(sin)
+    return (_rotate(_f32(q), c, s_, interleaved).astype(q.dtype),
+            _rotate(_f32(k), c, s_, interleaved).astype(k.dtype))

@@ -24,5 +24,5 @@ def _bind(adamw: bool):
     return fused
 
 
-tpu_kernel("aten::_fused_adamw_", kind="pallas", supports=_supports)(_bind(adamw=True))
-tpu_kernel("aten::_fused_adam_", kind="pallas", supports=_supports)(_bind(adamw=False))
+tpu_kernel("aten::_fused_adamw_.default", "aten::_fused_adamw_.tensor_lr", kind="pallas", supports=_supports)(_bind(adamw=True))
+tpu_kernel("aten::_fused_adam_.default", "aten::_fused_adam_.tensor_lr", kind="pallas", supports=_supports)(_bind(adamw=False))

@@ -20,6 +20,7 @@ import torch
 from torch._ops import OpOverload
 
 from tpu_kernels import errors, random_state, strided
+from tpu_kernels.lru import LRU
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
@@ -222,8 +223,8 @@ class Entry:
     torch_fn: Callable[..., Any] | None = None   # decomposition / CPU fallback (torch land)
 
 
-_CACHE: dict[Any, Entry] = {}
-_CACHE_LOCK = threading.Lock()
+_CACHE = LRU()        # call signature -> Entry (a compiled executable): bounded
+_VIEW_CACHE = LRU()   # view signature -> torch's meta result
 TRACES: dict[Any, int] = {}   # op -> number of times an impl was traced for it
 
 
@@ -270,9 +271,7 @@ def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 def _cache(key: Any, entry: Entry) -> Entry:
-    with _CACHE_LOCK:
-        _CACHE[key] = entry
-    return entry
+    return _CACHE.put(key, entry)
 
 
 def _build(plan, args, kwargs, targs, tkw) -> Entry:
@@ -473,7 +472,6 @@ def _wrap_tree(out: Any) -> Any:
 
 
 # -- views ----------------------------------------------------------------------------------------
-_VIEW_CACHE: dict[Any, Any] = {}
 
 
 def _run_view(plan: OpPlan, args, kwargs) -> Any:
@@ -493,7 +491,7 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
     if metas is None:
         margs, mkwargs = meta_args(args, kwargs)
         metas = op(*margs, **mkwargs)
-        _VIEW_CACHE[key] = metas
+        _VIEW_CACHE.put(key, metas)
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
     return _view_like(base, metas)
@@ -676,10 +674,15 @@ _SPECIAL: dict[Any, Callable] = {
 def op_counts() -> dict[tuple[str, str], int]:
     """Calls per (op, impl kind) since start: what the demo's table shows."""
     counts: dict[tuple[str, str], int] = {}
-    for e in list(_CACHE.values()):
+    for e in _CACHE.values():
         k = (str(e.plan.op), e.impl.kind)
         counts[k] = counts.get(k, 0) + e.calls
     return counts
+
+
+def cache_info() -> dict[str, Any]:
+    """Hits, misses, evictions and size of the executable cache and the view cache."""
+    return {"ops": _CACHE.info(), "views": _VIEW_CACHE.info()}
 
 
 def clear_cache() -> None:

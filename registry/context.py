@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_kernels import errors
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
@@ -81,8 +82,10 @@ def check(ok: jax.Array, message: str, exc: type = IndexError) -> None:
     The condition is computed with the op's result; the dispatcher raises it at the next
     synchronisation (``.item()``, ``.cpu()``, printing, ``torch.tpu.synchronize()``), or at
     once with ``TPU_KERNELS_SYNC_CHECKS=1``. XLA would otherwise clamp or drop the bad
-    values silently. Outside a lowering (e.g. a kernel called from JAX) it does nothing.
+    values silently. Outside a lowering (e.g. a kernel called from JAX) it does nothing, and
+    so it does with ``errors.index_checks(False)`` / ``TPU_KERNELS_INDEX_CHECKS=0`` (the
+    dispatcher keys its cache on that switch, so toggling it retraces).
     """
     call = _CALL.get()
-    if call is not None:
+    if call is not None and errors.INDEX_CHECKS:
         call.checks.append((jnp.logical_not(jnp.all(ok)), exc, message))

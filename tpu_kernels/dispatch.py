@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import threading
 import warnings
@@ -229,7 +230,7 @@ TRACES: dict[Any, int] = {}   # op -> number of times an impl was traced for it
 
 
 def _mode_token() -> tuple:
-    return (REGISTRY.epoch, torch.get_float32_matmul_precision())
+    return (REGISTRY.epoch, torch.get_float32_matmul_precision(), errors.INDEX_CHECKS)
 
 
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -264,7 +265,12 @@ def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         dyn.append(random_state.next_key_data())
     if entry.impl.data_dependent:
         return _finish(entry, args, kwargs, split, entry.fn(*dyn))
-    out, flags = entry.fn(*dyn)
+    try:
+        out, flags = entry.fn(*dyn)
+    except Exception as exc:  # XLA could not allocate: say so the way torch does
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
+        raise torch.OutOfMemoryError(f"{op}: out of memory on the tpu device: {exc}") from exc
     if flags is not None:
         errors.watch(flags, str(op), entry.fn.checks)
     return _finish(entry, args, kwargs, split, out)
@@ -288,6 +294,7 @@ def _build(plan, args, kwargs, targs, tkw) -> Entry:
         return Entry(impl, _eager_fn(impl, targs, tkw), plan, None, [])
     result_meta = _meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
     outs = _out_metas(result_meta)
+    _guard_memory(op, outs)
     if derived_from is not None:
         fmargs, fmkwargs = meta_args(args, kwargs)
         func_outs = _out_metas(derived_from(*fmargs, **fmkwargs))
@@ -297,6 +304,40 @@ def _build(plan, args, kwargs, targs, tkw) -> Entry:
     fn = _jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
     log.debug("%s -> %s (skipped: %s)", op, impl, [(i.name, r) for i, r in skipped])
     return Entry(impl, fn, plan, result_meta, write_dtypes)
+
+
+GUARD_MIN_BYTES = 1 << 26   # results smaller than this are never checked against free memory
+
+
+def _available_bytes() -> int | None:
+    """Free memory where results live: host RAM for JAX's CPU backend, else the device's."""
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        import psutil
+        return psutil.virtual_memory().available
+    stats = dev.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    return None
+
+
+def _guard_memory(op, outs) -> None:
+    """Refuse, before compiling, a result that cannot fit: torch's OutOfMemoryError naming
+    the op and the size, instead of XLA trying (and the host swapping or being killed)."""
+    sizes = [(m, math.prod(m.shape) * m.dtype.itemsize) for m in outs if m is not None]
+    need = sum(n for _, n in sizes)
+    if need < GUARD_MIN_BYTES:
+        return
+    free = _available_bytes()
+    if free is not None and need > free:
+        shapes = ", ".join(f"{list(m.shape)} {m.dtype}" for m, _ in sizes)
+        raise torch.OutOfMemoryError(
+            f"{op}: tpu out of memory: tried to allocate {_gib(need)} ({shapes}) with "
+            f"{_gib(free)} free")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def _meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> Any:
@@ -668,6 +709,11 @@ _SPECIAL: dict[Any, Callable] = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
 }
+
+
+def register_special(op: OpOverload, fn: Callable) -> None:
+    """Handle ``op`` with ``fn(op, args, kwargs)`` before the registry (runtime-level ops)."""
+    _SPECIAL[op] = fn
 
 
 # -- introspection ---------------------------------------------------------------------------------------

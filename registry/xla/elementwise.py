@@ -219,7 +219,7 @@ def div_core(x, y, dt, rounding_mode=None):
 
 def _no_int_zero_division(b) -> None:
     """Integer division by zero raises in torch; XLA returns garbage (checked, deferred)."""
-    check(b != 0, "ZeroDivisionError", ZeroDivisionError)
+    check(b != 0, "ZeroDivisionError", RuntimeError)  # torch: RuntimeError("ZeroDivisionError")
 
 
 def remainder_core(x, y, dt):

@@ -14,6 +14,7 @@ import torch
 from jax import lax
 
 from tpu_kernels.registry.context import check, out_dtype, out_shape
+from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype, compute_dtype
 
@@ -149,13 +150,17 @@ def index_select(self, dim, index):
                     fill_value=0).reshape(out_shape())
 
 
-def _index_dim_update(self, dim, index, source, how: str):
-    """``self.at[..., index, ...]`` along ``dim`` updated with ``source`` by ``how``."""
+def _index_dim_update(self, dim, index, source, how: str, *, negative: bool = False,
+                      exc: type = IndexError):
+    """``self.at[..., index, ...]`` along ``dim`` updated with ``source`` by ``how``.
+
+    As in torch's CPU kernels, only index_fill takes negative indices, and index_add
+    reports a bad index as a RuntimeError (index_copy and index_fill: IndexError)."""
     x = self.reshape(1) if self.ndim == 0 else self
     dim = _dim(dim, x.ndim)
     index = index.reshape(-1)
-    _in_range(index, x.shape[dim], f"index out of range for dimension {dim} with size "
-              f"{x.shape[dim]}", negative=True)
+    _in_range(index, x.shape[dim], f"index is out of bounds for dimension {dim} with size "
+              f"{x.shape[dim]}", negative=negative, exc=exc)
     shape = x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]
     src = jnp.broadcast_to(as_dtype(source, x.dtype), shape) if not hasattr(source, "ndim") \
         or source.ndim == 0 else source.astype(x.dtype).reshape(shape)
@@ -165,7 +170,7 @@ def _index_dim_update(self, dim, index, source, how: str):
 @xla("aten::index_add", "aten::index_add_")
 def index_add(self, dim, index, source, *, alpha=1):
     src = source.astype(self.dtype) * as_dtype(alpha, self.dtype)
-    return _index_dim_update(self, dim, index, src, "add")
+    return _index_dim_update(self, dim, index, src, "add", exc=RuntimeError)
 
 
 @xla("aten::index_copy", "aten::index_copy_")
@@ -176,7 +181,7 @@ def index_copy(self, dim, index, source):
 @xla("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor",
      "aten::index_fill_.int_Scalar", "aten::index_fill_.int_Tensor")
 def index_fill(self, dim, index, value):
-    return _index_dim_update(self, dim, index, value, "set")
+    return _index_dim_update(self, dim, index, value, "set", negative=True)
 
 
 @xla("aten::index_reduce", "aten::index_reduce_")
@@ -184,6 +189,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     x = self.reshape(1) if self.ndim == 0 else self
     src = source.reshape(x.shape[:0] + (-1,)) if source.ndim == 0 else source
     dim = _dim(dim, x.ndim)
+    _in_range(index, x.shape[dim], "index out of range in self")
     shape = [1] * src.ndim
     shape[dim] = -1
     full = jnp.broadcast_to(index.reshape(shape), src.shape)
@@ -257,6 +263,11 @@ def _static_mask_coords(self_shape, indices, values):
 @xla("aten::index_put", "aten::index_put_", "aten::_unsafe_index_put")
 def index_put(self, indices, values, accumulate=False):
     # without accumulate, duplicate indices leave the winner undefined (as in torch)
+    if values.dtype != self.dtype:  # torch's meta function lets this through; its kernel raises
+        raise RuntimeError(
+            f"index_put: Index put requires the source and destination dtypes match, got "
+            f"{to_torch_dtype(self.dtype)} for the destination and {to_torch_dtype(values.dtype)} "
+            f"for the source.")
     _check_coords(self.shape, indices)
     coords, values = _static_mask_coords(self.shape, indices, values.astype(self.dtype))
     ref = self.at[coords]

@@ -62,8 +62,18 @@ def _scaled_add(self, prod, beta, alpha):
     return (bias + p).astype(dt)
 
 
+def _same_dtype(name: str, *arrays) -> None:
+    """torch's matmul kernels (not their meta functions) refuse mixed dtypes; so does this."""
+    dtypes = [a.dtype for a in arrays if hasattr(a, "dtype") and a.ndim > 0]
+    if len(set(dtypes)) > 1:
+        from tpu_kernels.registry.dtypes import to_torch_dtype
+        raise RuntimeError(f"{name}: expected all tensors to have the same dtype, but got "
+                           + ", ".join(str(to_torch_dtype(d)) for d in dtypes))
+
+
 @xla("aten::mm.default", "aten::bmm.default", "aten::mv.default", "aten::dot.default")
 def mm(self, mat2):
+    _same_dtype("mm", self, mat2)
     return _matmul(self, mat2)
 
 
@@ -74,11 +84,13 @@ def vdot(self, other):
 
 @xla("aten::addmm.default", "aten::baddbmm.default", "aten::addmv.default")
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    _same_dtype("addmm", self, mat1, mat2)
     return _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
 
 
 @xla("aten::addbmm.default")
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    _same_dtype("addbmm", self, batch1, batch2)
     # contract the batch dim together with k: sum_b batch1[b] @ batch2[b]
     prod = _dot(batch1, batch2, ((0, 2), (0, 1)))
     return _scaled_add(self, prod, beta, alpha)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_kernels.registry.context import out_dtype, out_shape, rng_key
+from tpu_kernels.registry.context import check, out_dtype, out_shape, rng_key
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 
@@ -199,6 +199,19 @@ def native_dropout_backward(grad_output, mask, scale):
 @xla("aten::multinomial", random=True)
 def multinomial(self, num_samples, replacement=False, *, generator=None):
     """Draws per row of (unnormalised) weights; without replacement by Gumbel top-k."""
+    # torch's kernel (not its meta function) rejects these; the value checks are deferred
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        raise RuntimeError("multinomial: multinomial only supports floating-point dtypes for input")
+    if self.ndim not in (1, 2):
+        raise RuntimeError("multinomial: prob_dist must be 1 or 2 dim")
+    if num_samples <= 0:
+        raise RuntimeError("multinomial: cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError("multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    check(jnp.isfinite(self) & (self >= 0),
+          "probability tensor contains either `inf`, `nan` or element < 0", RuntimeError)
+    check(jnp.sum(self.astype(float_compute(self.dtype)), axis=-1) > 0,
+          "invalid multinomial distribution (sum of probabilities <= 0)", RuntimeError)
     dt = float_compute(self.dtype)
     logits = jnp.log(self.astype(dt))
     key = rng_key()

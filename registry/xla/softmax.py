@@ -18,6 +18,10 @@ from tpu_kernels.registry.xla._util import float_compute
 def _rowwise(fn: Callable[[jax.Array, int], jax.Array]) -> Callable[..., jax.Array]:
     """Lift ``fn(x, axis)`` to 0-d inputs and compute in float32 for half types."""
     def lower(x: jax.Array, dim: int, *rest) -> jax.Array:
+        n = max(x.ndim, 1)  # torch's _softmax meta function does not check dim: check here
+        if not -n <= dim < n:
+            raise IndexError(f"softmax: Dimension out of range (expected to be in range of "
+                             f"[{-n}, {n - 1}], but got {dim})")
         dt = out_dtype()
         xc = x.astype(float_compute(dt))
         if xc.ndim == 0:

@@ -263,11 +263,16 @@ def test_embedding_dense_backward():
 
 
 def test_out_of_range_is_dropped_or_filled():
-    """Documented semantics until device-side error flags exist: reads fill 0, writes drop."""
+    """With device-side checks off (errors.index_checks(False)): reads fill 0, writes drop.
+    With them on (the default) the next sync raises: tests/test_errors.py."""
+    from tpu_kernels import errors
     x = to_tpu(torch.arange(4.0))
     i = to_tpu(torch.tensor([1, 7]))
-    assert torch.index_select(x, 0, i).cpu().tolist() == [1.0, 0.0]
-    assert torch.index_put(x, (i,), to_tpu(torch.tensor([9.0, 9.0]))).cpu().tolist() == [0, 9, 2, 3]
+    with errors.index_checks(False):
+        assert torch.index_select(x, 0, i).cpu().tolist() == [1.0, 0.0]
+        assert torch.index_put(x, (i,), to_tpu(torch.tensor([9.0, 9.0]))).cpu().tolist() == [0, 9, 2, 3]
+    with pytest.raises(IndexError, match="index_select"):
+        torch.index_select(x, 0, i).cpu()
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])

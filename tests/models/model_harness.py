@@ -1,0 +1,293 @@
+"""Real-model parity harness: the same model on CPU torch and on tpu, compared.
+
+A ``Case`` says how to build a model (random weights, from a configuration object; no
+downloads), how to make its inputs, which outputs to compare and what loss to train on.
+``check_forward`` runs the model in eval mode on both devices; ``check_train_step`` runs
+one forward + backward + AdamW step on both and compares the loss, every gradient and
+every parameter after the step.
+
+A failure always names the ATen op behind it:
+
+* an op that raises on tpu (``NotImplementedError`` for an op with no tpu impl, or any
+  other error) fails the test with that error, whose message names the overload;
+* a numerical mismatch reruns the model on CPU under ``OpByOp``, a ``TorchDispatchMode``
+  that replays every ATen op on tpu with the *same* inputs and compares the two results,
+  so the first op that disagrees (or cannot run) is named in the assertion message,
+  without the error that builds up over many ops hiding where it started.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import traceback
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tpu_kernels.testing import TOLERANCES
+
+F32 = TOLERANCES[torch.float32]  # (atol, rtol) for float32 from the library's table
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    build: Callable[[], torch.nn.Module]            # called right after torch.manual_seed(0)
+    inputs: Callable[[], dict]                       # CPU keyword inputs; seeded with 1
+    output: Callable[[Any], Any] = None              # forward outputs to compare (default: logits)
+    loss: Callable[[Any, dict], torch.Tensor] = None  # training loss from (model output, inputs)
+    fwd_tol: tuple[float, float] = F32               # (atol, rtol)
+    train_tol: tuple[float, float] = F32
+    xfail_forward: str | None = None                 # reason naming the ATen op
+    xfail_train: str | None = None
+    thorough: bool = False                           # slow: run with --thorough only
+
+    def params(self, which: str) -> Any:
+        marks = []
+        xf = self.xfail_forward if which == "forward" else self.xfail_train
+        if xf:
+            marks.append(pytest.mark.xfail(strict=True, reason=xf))
+        if self.thorough:
+            marks.append(pytest.mark.thorough)
+        return pytest.param(self, id=self.name, marks=marks)
+
+
+def default_output(out: Any) -> Any:
+    for key in ("logits", "last_hidden_state", "prediction_logits"):
+        v = getattr(out, key, None)
+        if isinstance(v, torch.Tensor):
+            return v
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    raise TypeError(f"pick the outputs to compare for {type(out)}")
+
+
+def default_loss(out: Any, inputs: dict) -> torch.Tensor:
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    return default_output(out).float().pow(2).mean()
+
+
+def _to(x: Any, device: str) -> Any:
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def move_to_tpu(model: torch.nn.Module) -> torch.nn.Module:
+    """``model.to("tpu")`` keeping tied parameters tied.
+
+    A plain ``.to("tpu")`` unties them: ``Module._apply`` cannot assign a tpu tensor to a
+    CPU parameter's ``.data`` (different shallow-copy type), so it makes a new Parameter per
+    module, and an embedding tied to the LM head becomes two parameters that train apart
+    (``test_to_tpu_keeps_tied_weights`` keeps that visible). Swapping the tensors in place
+    keeps one Parameter object, as on CPU and CUDA.
+    """
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        return model.to("tpu")
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+def _pair(case: Case, train: bool):
+    torch.manual_seed(0)
+    cpu = case.build()
+    cpu.train(train)
+    tpu = move_to_tpu(copy.deepcopy(cpu))
+    torch.manual_seed(1)
+    inputs = case.inputs()
+    return cpu, tpu, inputs
+
+
+def _run_tpu(case: Case, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on tpu; an error fails the test with the message that names the op."""
+    try:
+        out = fn()
+        _sync(out)
+        return out
+    except Exception as exc:  # noqa: BLE001
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        op = failing_op(exc)
+        where = f" in {op}" if op is not None and str(op) not in last else ""
+        pytest.fail(f"{case.name} {what} failed on tpu{where}: {last}", pytrace=False)
+
+
+def failing_op(exc: BaseException) -> Any:
+    """The innermost ATen op being dispatched when ``exc`` was raised (from the frames of
+    the traceback: a local ``func``/``op`` that is an OpOverload), or None."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        for name in ("func", "op", "overload"):
+            v = tb.tb_frame.f_locals.get(name)
+            if isinstance(v, torch._ops.OpOverload):
+                found = v
+                break
+        tb = tb.tb_next
+    if found is None and exc.__context__ is not None and exc.__context__ is not exc:
+        return failing_op(exc.__context__)
+    return found
+
+
+def _sync(out: Any) -> None:
+    # values are read back (errors deferred to the next sync are raised here)
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+            t.cpu()
+
+
+def _compare(expected: Any, actual: Any, tol: tuple[float, float]) -> str | None:
+    e_leaves, a_leaves = _leaves(expected), _leaves(actual)
+    if len(e_leaves) != len(a_leaves):
+        return f"{len(a_leaves)} outputs, expected {len(e_leaves)}"
+    for i, (e, a) in enumerate(zip(e_leaves, a_leaves)):
+        if not isinstance(e, torch.Tensor):
+            if e != a and not (e != e and a != a):
+                return f"output {i}: {a!r} != {e!r}"
+            continue
+        if not isinstance(a, torch.Tensor):
+            return f"output {i}: got {type(a)}, expected a tensor"
+        a = a.detach().cpu()
+        e = e.detach()
+        if a.shape != e.shape or a.dtype != e.dtype:
+            return f"output {i}: {a.dtype}{list(a.shape)} vs expected {e.dtype}{list(e.shape)}"
+        atol, rtol = tol if e.is_floating_point() or e.is_complex() else (0.0, 0.0)
+        try:
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
+        except AssertionError as err:
+            return f"output {i} {list(e.shape)}: {err}"
+    return None
+
+
+def _leaves(x: Any) -> list:
+    return [v for v in tree_flatten(x)[0]]
+
+
+# -- localising a mismatch: every ATen op replayed on tpu with the CPU op's inputs -----------
+class OpByOp(TorchDispatchMode):
+    """Runs on CPU; replays each ATen op on tpu with copies of the same inputs and records
+    the first ops whose results disagree (beyond ``tol``) or that fail on tpu."""
+
+    def __init__(self, tol: tuple[float, float], limit: int = 3) -> None:
+        super().__init__()
+        self.tol = tol
+        self.limit = limit
+        self.bad: list[str] = []
+        self.checked = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if len(self.bad) >= self.limit:
+            return func(*args, **kwargs)
+        try:
+            targs, tkw = _to_tpu_args(args), _to_tpu_args(kwargs)
+        except Exception:  # noqa: BLE001
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        try:
+            tout = func(*targs, **tkw)
+            _sync(tout)
+        except Exception as exc:  # noqa: BLE001
+            msg = traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines()[0]
+            self.bad.append(f"{func}: fails on tpu: {msg}")
+            return out
+        self.checked += 1
+        # an in-place op's result is its mutated input: compare every output
+        why = _compare(out, tout, self.tol)
+        if why is not None:
+            shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in tree_flatten((args, kwargs))[0]
+                               if isinstance(a, torch.Tensor))
+            self.bad.append(f"{func}({shapes}): {why.splitlines()[0]} | "
+                            + " ".join(why.split()[-30:]))
+        return out
+
+
+def _to_tpu_args(x: Any) -> Any:
+    def conv(v):
+        if isinstance(v, torch.Tensor):
+            return v.detach().clone().to("tpu") if v.device.type == "cpu" else v
+        if isinstance(v, torch.device) and v.type == "cpu":
+            return torch.device("tpu")
+        return v
+    return tree_map(conv, x)
+
+
+def localise(case: Case, train: bool, tol: tuple[float, float]) -> str:
+    """Rerun the CPU model op by op (forward, and backward when ``train``)."""
+    torch.manual_seed(0)
+    model = case.build()
+    model.train(train)
+    torch.manual_seed(1)
+    inputs = case.inputs()
+    mode = OpByOp(tol)
+    try:
+        with mode:
+            if train:
+                loss = (case.loss or default_loss)(model(**inputs), inputs)
+                loss.backward()
+            else:
+                with torch.no_grad():
+                    model(**inputs)
+    except Exception as exc:  # noqa: BLE001
+        return f"(op-by-op replay stopped: {exc})"
+    if not mode.bad:
+        return (f"op by op, all {mode.checked} ATen ops match within {tol}: the difference "
+                f"is accumulated float32 rounding, not one wrong op")
+    return "first ops that disagree when replayed alone on tpu:\n  " + "\n  ".join(mode.bad)
+
+
+# -- the two checks ---------------------------------------------------------------------------
+def check_forward(case: Case) -> None:
+    cpu, tpu, inputs = _pair(case, train=False)
+    pick = case.output or default_output
+    with torch.no_grad():
+        expected = pick(cpu(**inputs))
+        actual = _run_tpu(case, "forward", lambda: pick(tpu(**_to(inputs, "tpu"))))
+    why = _compare(expected, actual, case.fwd_tol)
+    if why is not None:
+        pytest.fail(f"{case.name} forward differs from CPU: {why}\n{localise(case, False, F32)}",
+                    pytrace=False)
+
+
+def _step(model: torch.nn.Module, case: Case, inputs: dict) -> tuple[torch.Tensor, dict]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.zero_grad()
+    loss = (case.loss or default_loss)(model(**inputs), inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.step()
+    return loss.detach(), grads
+
+
+def check_train_step(case: Case) -> None:
+    cpu, tpu, inputs = _pair(case, train=True)
+    e_loss, e_grads = _step(cpu, case, inputs)
+    a_loss, a_grads = _run_tpu(case, "forward+backward+AdamW step",
+                               lambda: _step(tpu, case, _to(inputs, "tpu")))
+    assert all(p.device.type == "tpu" for p in tpu.parameters())
+    problems = []
+    why = _compare(e_loss, a_loss, case.train_tol)
+    if why:
+        problems.append(f"loss: {why}")
+    missing = sorted(set(e_grads) ^ set(a_grads))
+    if missing:
+        problems.append(f"gradients present on one device only: {missing}")
+    for n in sorted(set(e_grads) & set(a_grads)):
+        why = _compare(e_grads[n], a_grads[n], case.train_tol)
+        if why:
+            problems.append(f"grad of {n}: {why}")
+    e_params = dict(cpu.named_parameters())
+    for n, p in tpu.named_parameters():
+        why = _compare(e_params[n], p, case.train_tol)
+        if why:
+            problems.append(f"{n} after the AdamW step: {why}")
+    if problems:
+        head = "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
+        pytest.fail(f"{case.name} training step differs from CPU ({len(problems)} tensors):\n{head}\n"
+                    f"{localise(case, True, F32)}", pytrace=False)

@@ -1,0 +1,77 @@
+"""transformers decoder-only language models, tiny and randomly initialised, on tpu vs CPU."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+import transformers as tf
+
+from model_harness import Case, check_forward, check_train_step
+
+# Shared sizes: every model's ops then compile for the same few shapes.
+V, H, I, NH, KV, L, B, S = 128, 32, 64, 4, 2, 1, 2, 8
+
+
+def _ids() -> dict:
+    ids = torch.randint(0, V, (B, S))
+    return {"input_ids": ids, "labels": ids}
+
+
+def _lm(model_cls, config_cls, experts: str | None = None, **kw) -> Callable:
+    def build():
+        cfg = config_cls(vocab_size=V, **kw)
+        cfg._attn_implementation = kw.get("attn_implementation", "sdpa")
+        if experts is not None:
+            cfg._experts_implementation = experts
+        return model_cls(cfg)
+    return build
+
+_llama_like = dict(hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
+                   num_key_value_heads=KV, max_position_embeddings=64, attn_implementation="sdpa")
+
+_GROUPED_MM = ("aten::_grouped_mm.default: float32 refused by torch's meta kernel "
+               "('Expected inputs of BF16 type'), which the tpu runtime uses for shapes")
+
+CASES = [
+    Case("llama", _lm(tf.LlamaForCausalLM, tf.LlamaConfig, **_llama_like), _ids),
+    Case("mistral", _lm(tf.MistralForCausalLM, tf.MistralConfig, sliding_window=4, **_llama_like), _ids),
+    Case("qwen2", _lm(tf.Qwen2ForCausalLM, tf.Qwen2Config, **_llama_like), _ids),
+    Case("qwen3", _lm(tf.Qwen3ForCausalLM, tf.Qwen3Config, head_dim=8, **_llama_like), _ids),
+    Case("qwen3_moe", _lm(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig, head_dim=8, num_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=I, decoder_sparse_step=1,
+                          **_llama_like), _ids,
+         # transformers routes MoE experts on a "tpu" device to torch.nn.functional.grouped_mm
+         # for every dtype; torch's meta kernel of aten::_grouped_mm (the shape source the
+         # runtime uses) only accepts bfloat16 (a CUDA restriction), so float32 fails there.
+         xfail_forward=_GROUPED_MM, xfail_train=_GROUPED_MM),
+    # the same MoE routing (topk, one_hot, index_add) with the per-expert loop
+    Case("mixtral", _lm(tf.MixtralForCausalLM, tf.MixtralConfig, num_local_experts=4,
+                        num_experts_per_tok=2, experts="eager", **_llama_like), _ids),
+    Case("gemma", _lm(tf.GemmaForCausalLM, tf.GemmaConfig, head_dim=8, **_llama_like), _ids),
+    Case("gemma3", _lm(tf.Gemma3ForCausalLM, tf.Gemma3TextConfig, head_dim=8, sliding_window=4,
+                       **_llama_like), _ids),
+    Case("gpt2", _lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=L, n_head=NH, n_positions=64,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), _ids),
+    Case("gpt_neox", _lm(tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig, hidden_size=H, intermediate_size=I,
+                         num_hidden_layers=L, num_attention_heads=NH, max_position_embeddings=64,
+                         rotary_pct=0.5, attn_implementation="sdpa"), _ids),
+    Case("phi", _lm(tf.PhiForCausalLM, tf.PhiConfig, hidden_size=H, intermediate_size=I,
+                    num_hidden_layers=L, num_attention_heads=NH, max_position_embeddings=64,
+                    partial_rotary_factor=0.5, attn_implementation="sdpa"), _ids),
+    Case("falcon", _lm(tf.FalconForCausalLM, tf.FalconConfig, hidden_size=H, num_hidden_layers=L,
+                       num_attention_heads=NH, attn_implementation="sdpa"), _ids),
+    Case("opt", _lm(tf.OPTForCausalLM, tf.OPTConfig, hidden_size=H, ffn_dim=I, num_hidden_layers=L,
+                    num_attention_heads=NH, word_embed_proj_dim=H, max_position_embeddings=64,
+                    dropout=0.0, attention_dropout=0.0, attn_implementation="sdpa"), _ids),
+]
+
+
+@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
+def test_forward(case):
+    check_forward(case)
+
+
+@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
+def test_train_step(case):
+    check_train_step(case)

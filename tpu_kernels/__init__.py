@@ -14,7 +14,10 @@ from tpu_kernels import device as _device
 
 _device.setup()  # before anything names torch.device("tpu")
 
+from tpu_kernels import inplace_meta as _inplace_meta  # noqa: E402
 from tpu_kernels import registry  # noqa: E402
+
+_inplace_meta.install()
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 

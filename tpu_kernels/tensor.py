@@ -165,12 +165,10 @@ def to_jax(t: torch.Tensor) -> jax.Array:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        host = t.view(torch.int16).numpy().view(jnp.bfloat16)
-    else:
-        host = t.numpy()
-    return jax.device_put(np.array(host, copy=True))
+    # a private copy: .numpy() would pin the caller's storage (torch then refuses resize_)
+    t = t.clone(memory_format=torch.contiguous_format)
+    host = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+    return jax.device_put(host)
 
 
 def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ from tpu_kernels import registry  # noqa: E402
 
 _inplace_meta.install()
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
+from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
-__all__ = ["tpu_kernel", "registry", "TpuTensor"]
+__all__ = ["tpu_kernel", "registry", "TpuTensor", "deferred", "flush"]

@@ -20,12 +20,13 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import errors, random_state, strided
+from tpu_kernels import deferred_mode as deferred, errors, random_state, strided
+from tpu_kernels.deferred_mode import force
 from tpu_kernels.lru import LRU
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.tensor import DEVICE, TpuTensor, read, to_jax, to_torch, wrap, write
+from tpu_kernels.tensor import DEVICE, TpuTensor, read, to_jax, to_torch, value, wrap, write
 
 log = logging.getLogger("tpu_kernels.dispatch")
 aten = torch.ops.aten
@@ -263,10 +264,10 @@ def _run_registered(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     dyn = [_leaf_value(v) for v in split.leaves]
     if entry.impl.random:
         dyn.append(random_state.next_key_data())
-    if entry.impl.data_dependent:
-        return _finish(entry, args, kwargs, split, entry.fn(*dyn))
+    if entry.impl.data_dependent:  # its result shape needs values: run what is pending
+        return _finish(entry, args, kwargs, split, entry.fn(*[force(d) for d in dyn]))
     try:
-        out, flags = entry.fn(*dyn)
+        out, flags = deferred.call(entry.fn, *dyn) if deferred.recording() else entry.fn(*dyn)
     except Exception as exc:  # XLA could not allocate: say so the way torch does
         if "RESOURCE_EXHAUSTED" not in str(exc):
             raise
@@ -525,7 +526,7 @@ def _run_view(plan: OpPlan, args, kwargs) -> Any:
         # A complex <-> real view changes the item size, and conj/neg views are lazy bits
         # torch resolves later; the storage holds plain values of one dtype, so these
         # views are computed as new tensors: they do not alias their base.
-        return wrap(reinterpret(read(base)))
+        return wrap(reinterpret(value(base)))
     key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
            base.dtype, _freeze(list(args[1:])), _freeze(list(kwargs.items())))
     metas = _VIEW_CACHE.get(key)
@@ -659,7 +660,7 @@ def _zeros_like_meta(m: Any) -> Any:
 # -- ops handled here, not through the registry ------------------------------------------------------
 def _local_scalar_dense(op, args, kwargs):
     errors.raise_pending()
-    return read(args[0]).item()
+    return value(args[0]).item()
 
 
 def _to_copy(op, args, kwargs):

@@ -6,6 +6,7 @@ change. Values are read through ``strided.reader`` and cached per storage versio
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from tpu_kernels import errors, strided
+from tpu_kernels.deferred_mode import Lazy, apply, force, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 DEVICE = torch.device("tpu", 0)
@@ -66,7 +68,7 @@ class TpuTensor(torch.Tensor):
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
-        return read(self)
+        return value(self)
 
     def numpy(self, *, force: bool = False):  # noqa: D102
         if force:
@@ -104,57 +106,80 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
 
 
 def read(t: TpuTensor) -> jax.Array:
-    """The value of ``t``: its storage's array, or the view cut out of it."""
+    """The value of ``t``: its storage's array, or the view cut out of it. In deferred
+    mode this may be a ``deferred.Lazy`` placeholder; ``value(t)`` is always concrete."""
     st = t._tpu_storage
     if t._tpu_direct:
-        return st.array
+        return _settle(st.array)
     cache = t._tpu_cache
     if cache is not None and cache[0] == st.version:
-        return cache[1]
+        return _settle(cache[1])
     size = tuple(t.shape)
     stride, offset = tuple(t.stride()), t.storage_offset()
     if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
-        value = st.array.reshape(size)
+        v = apply(_reshaper(size), st.array)
     else:
-        value = strided.reader(st.numel, size, stride, offset)(st.array)
-    value = _as_dtype_view(value, t.dtype)
-    t._tpu_cache = (st.version, value)
-    return value
+        v = apply(strided.reader(st.numel, size, stride, offset), st.array)
+    want = to_jax_dtype(t.dtype)
+    if v.dtype != want:  # a view(dtype) of equal item size reads the storage's bits
+        v = apply(_bitcaster(np.dtype(want)), v)
+    t._tpu_cache = (st.version, v)
+    return _settle(v)
 
 
-def write(t: TpuTensor, value: jax.Array) -> None:
-    """Write ``value`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
+def value(t: TpuTensor) -> jax.Array:
+    """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
+    return force(read(t))
+
+
+def _settle(v):
+    """Outside deferred recording, a placeholder becomes its value."""
+    return v if recording() or type(v) is not Lazy else force(v)
+
+
+def write(t: TpuTensor, new: jax.Array) -> None:
+    """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
     st = t._tpu_storage
     size = tuple(t.shape)
-    store_dtype = st.array.dtype
-    if value.dtype != store_dtype:
-        value = _bitcast_or_cast(value, store_dtype, t.dtype)
-    if tuple(value.shape) != size:
-        value = jnp.broadcast_to(value, size)
+    store_dtype = np.dtype(st.array.dtype)
+    if np.dtype(new.dtype) != store_dtype:
+        same_bits = np.dtype(new.dtype) == to_jax_dtype(t.dtype) and \
+            store_dtype.itemsize == np.dtype(new.dtype).itemsize
+        new = apply(_bitcaster(store_dtype) if same_bits else _caster(store_dtype), new)
+    if tuple(new.shape) != size:
+        new = apply(_broadcaster(size), new)
     if t._tpu_direct:
-        st.array = value
+        st.array = new
     else:
         stride, offset = tuple(t.stride()), t.storage_offset()
         if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
-            st.array = value.reshape(st.array.shape)
+            st.array = apply(_reshaper(tuple(st.array.shape)), new)
         else:
-            st.array = strided.writer(tuple(st.array.shape), size, stride, offset)(st.array, value)
+            st.array = apply(strided.writer(tuple(st.array.shape), size, stride, offset), st.array, new)
     st.version += 1
     t._tpu_cache = None
 
 
-def _as_dtype_view(value: jax.Array, dtype: torch.dtype) -> jax.Array:
-    """A ``view(dtype)`` of equal item size reads the storage's bits as ``dtype``."""
-    want = to_jax_dtype(dtype)
-    if value.dtype == want:
-        return value
-    return jax.lax.bitcast_convert_type(value, want)
+# Small jitted reshapes and casts, one stable function per shape or dtype, so deferred
+# programs made of them are cached by identity.
+@functools.lru_cache(maxsize=1024)
+def _reshaper(shape: tuple[int, ...]):
+    return jax.jit(lambda a: a.reshape(shape))
 
 
-def _bitcast_or_cast(value: jax.Array, store_dtype, view_dtype: torch.dtype) -> jax.Array:
-    if np.dtype(value.dtype) == to_jax_dtype(view_dtype) and np.dtype(store_dtype).itemsize == np.dtype(value.dtype).itemsize:
-        return jax.lax.bitcast_convert_type(value, store_dtype)
-    return value.astype(store_dtype)
+@functools.lru_cache(maxsize=1024)
+def _broadcaster(shape: tuple[int, ...]):
+    return jax.jit(lambda a: jnp.broadcast_to(a, shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _caster(dtype):
+    return jax.jit(lambda a: a.astype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _bitcaster(dtype):
+    return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, dtype))
 
 
 # -- host transfers ------------------------------------------------------------------
@@ -173,7 +198,7 @@ def to_jax(t: torch.Tensor) -> jax.Array:
 
 def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Copy a jax array into a new CPU torch tensor."""
-    host = np.array(a, copy=True)
+    host = np.array(force(a), copy=True)
     if host.dtype == jnp.bfloat16:
         out = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
     else:

@@ -54,3 +54,10 @@ def test_cross_entropy_is_one_fused_op():
     before = dispatch.op_counts().get((op, "xla"), 0)
     check(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), logits, target, grad=True)
     assert dispatch.op_counts().get((op, "xla"), 0) == before + 1
+
+
+def test_sdpa_mask_that_requires_grad_gets_its_gradient():
+    q, k, v = _sdpa_inputs(4)
+    bias = torch.randn(1, 4, 33, 40, requires_grad=True)
+    check(lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, attn_mask=b), q, k, v, bias,
+          grad=True, atol=2e-5, rtol=1e-4)  # same summation-order reason as above

@@ -36,7 +36,10 @@ def _cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-1
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     gqa_ok = query.shape[-3] == key.shape[-3] or enable_gqa
-    if dropout_p == 0.0 and query.dim() == 4 and gqa_ok and not (is_causal and attn_mask is not None):
+    # the fused op's derivative gives no gradient to the mask (T5's learned position bias
+    # needs one): a mask that requires grad takes the math path
+    mask_ok = attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())
+    if dropout_p == 0.0 and query.dim() == 4 and gqa_ok and mask_ok and not (is_causal and attn_mask is not None):
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
                 attn_mask.logical_not(), float("-inf"))

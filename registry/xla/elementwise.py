@@ -203,9 +203,18 @@ def _floor_div_int(a, b):
     return jnp.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
 
 
+def _same_shape(a, b):
+    """lax's binary ops do not broadcast: torch's operands do."""
+    if jnp.shape(a) != jnp.shape(b):
+        return jnp.broadcast_arrays(a, b)
+    return a, b
+
+
 def div_core(x, y, dt, rounding_mode=None):
     cd = float_compute(dt)
     a, b = as_dtype(x, cd), as_dtype(y, cd)
+    if rounding_mode is not None:
+        a, b = _same_shape(a, b)
     if rounding_mode is None:
         q = a / b
     elif _is_int(cd):
@@ -222,9 +231,16 @@ def _no_int_zero_division(b) -> None:
     check(b != 0, "ZeroDivisionError", RuntimeError)  # torch: RuntimeError("ZeroDivisionError")
 
 
+def _no_bool(name: str, dt) -> None:
+    if np.dtype(dt) == np.bool_:
+        raise NotImplementedError(f"{name}: not implemented for 'Bool'")
+
+
 def remainder_core(x, y, dt):
+    _no_bool("remainder", dt)
     cd = float_compute(dt)
     a, b = as_dtype(x, cd), as_dtype(y, cd)
+    a, b = _same_shape(a, b)
     if _is_int(cd):
         _no_int_zero_division(b)
     m = lax.rem(a, b)
@@ -232,10 +248,12 @@ def remainder_core(x, y, dt):
 
 
 def fmod_core(x, y, dt):
+    _no_bool("fmod", dt)
     cd = float_compute(dt)
+    a, b = _same_shape(as_dtype(x, cd), as_dtype(y, cd))
     if _is_int(cd):
-        _no_int_zero_division(as_dtype(y, cd))
-    return lax.rem(as_dtype(x, cd), as_dtype(y, cd)).astype(dt)
+        _no_int_zero_division(b)
+    return lax.rem(a, b).astype(dt)
 
 
 def pow_core(x, e, dt):
@@ -370,13 +388,23 @@ def add(x, other, alpha=1):
     return add_core(x, other, alpha, out_dtype())
 
 
+def _no_bool_sub(*operands) -> None:
+    """torch refuses ``-`` with any bool operand; its meta function only when both are."""
+    if any(isinstance(v, bool) or getattr(v, "dtype", None) == jnp.bool_ for v in operands):
+        raise RuntimeError("sub: Subtraction, the `-` operator, with a bool tensor is not supported. "
+                           "If you are trying to invert a mask, use the `~` or `logical_not()` "
+                           "operator instead.")
+
+
 @xla("aten::sub.Tensor", "aten::sub.Scalar")
 def sub(x, other, alpha=1):
+    _no_bool_sub(x, other)
     return sub_core(x, other, alpha, out_dtype())
 
 
 @xla("aten::rsub.Tensor", "aten::rsub.Scalar")
 def rsub(x, other, alpha=1):
+    _no_bool_sub(x, other)
     return sub_core(other, x, alpha, out_dtype())
 
 

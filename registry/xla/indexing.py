@@ -145,7 +145,10 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 @xla("aten::index_select")
 def index_select(self, dim, index):
     x = self.reshape(1) if self.ndim == 0 else self
-    _in_range(index, x.shape[_dim(dim, x.ndim)], "index out of range in self")
+    d = _dim(dim, x.ndim)
+    # CPU torch's dim-1 kernel reports a RuntimeError, the others an IndexError
+    _in_range(index, x.shape[d], "index out of range in self",
+              exc=RuntimeError if d == 1 and x.ndim > 1 else IndexError)
     return jnp.take(x, index.reshape(-1), axis=_dim(dim, x.ndim), mode="fill",
                     fill_value=0).reshape(out_shape())
 
@@ -170,7 +173,9 @@ def _index_dim_update(self, dim, index, source, how: str, *, negative: bool = Fa
 @xla("aten::index_add", "aten::index_add_")
 def index_add(self, dim, index, source, *, alpha=1):
     src = source.astype(self.dtype) * as_dtype(alpha, self.dtype)
-    return _index_dim_update(self, dim, index, src, "add", exc=RuntimeError)
+    # CPU torch: IndexError for a 1-d self, RuntimeError otherwise
+    return _index_dim_update(self, dim, index, src, "add",
+                             exc=IndexError if self.ndim <= 1 else RuntimeError)
 
 
 @xla("aten::index_copy", "aten::index_copy_")

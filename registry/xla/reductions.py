@@ -133,6 +133,8 @@ def aminmax(self, *, dim=None, keepdim=False):
 # -- variance and standard deviation --------------------------------------------------------
 def _moments(self, dim, correction, keepdim):
     """(var, mean) over ``dim`` with ``correction`` (default 1), computed in float32+."""
+    if not jnp.issubdtype(self.dtype, jnp.inexact):  # torch's meta functions let ints through
+        raise RuntimeError("std and var only support floating point and complex dtypes")
     x = self.astype(_acc(self.dtype))  # the dispatcher casts var to torch's (real) dtype
     axes = _axes(dim, self.ndim)
     mean = jnp.mean(x, axis=axes, keepdims=True)

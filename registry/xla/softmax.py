@@ -22,6 +22,9 @@ def _rowwise(fn: Callable[[jax.Array, int], jax.Array]) -> Callable[..., jax.Arr
         if not -n <= dim < n:
             raise IndexError(f"softmax: Dimension out of range (expected to be in range of "
                              f"[{-n}, {n - 1}], but got {dim})")
+        if not jnp.issubdtype(x.dtype, jnp.inexact):  # torch's kernels: floating types only
+            from tpu_kernels.registry.dtypes import to_torch_dtype
+            raise NotImplementedError(f"softmax: not implemented for {to_torch_dtype(x.dtype)}")
         dt = out_dtype()
         xc = x.astype(float_compute(dt))
         if xc.ndim == 0:

@@ -1,0 +1,173 @@
+"""Property: whatever arguments CPU torch rejects, the tpu device rejects; the rest agree.
+
+Hypothesis draws argument combinations for op families with a CPU reference (many of
+them invalid: mismatched shapes, bad dims, wrong dtypes, out-of-range indices). CPU torch
+is the oracle: when it raises, the tpu device must raise the same exception class (after
+a sync, for device-side checks); when it returns, the tpu device returns the same values.
+"""
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tpu_kernels import errors
+
+DTYPES = [torch.float32, torch.int64, torch.bool]
+shapes = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
+nonempty_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
+
+
+def _tensor(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    return torch.randint(-3, 4, shape, generator=g, dtype=dtype)
+
+
+def _drain():
+    try:
+        errors.raise_pending()
+    except Exception:
+        pass
+
+
+def _cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu(y) for y in x)
+    return x
+
+
+def _two_faults(a: Exception, b: Exception) -> bool:
+    """Arguments bad in two ways (say an int tensor and a bad dim for std): torch's meta
+    function, which the tpu device runs first, reports the dim; CPU's kernel the dtype."""
+    return any(isinstance(e, IndexError) and str(e).startswith("Dimension out of range")
+               for e in (a, b)) and all(isinstance(e, (RuntimeError, IndexError)) for e in (a, b))
+
+
+def _dtype_unsupported(cpu: Exception, tpu: Exception) -> bool:
+    """CPU's kernel raises NotImplementedError (a RuntimeError) for a dtype it lacks, where
+    torch's meta function (run first on tpu) raises RuntimeError "... not supported"."""
+    return isinstance(cpu, NotImplementedError) and "not implemented for" in str(cpu) \
+        and type(tpu) is RuntimeError and "not supported" in str(tpu)
+
+
+def _index_bounds(cpu: Exception, tpu: Exception) -> bool:
+    """CPU torch's index kernels disagree among themselves (index_add: IndexError for some
+    shapes, RuntimeError for others); an index-bounds error of either class is accepted."""
+    words = ("out of range", "out of bounds", "DATA bounds")
+    return all(isinstance(e, (IndexError, RuntimeError)) and any(w in str(e) for w in words)
+               for e in (cpu, tpu))
+
+
+def agree(fn, *inputs):
+    """Run ``fn`` on CPU tensors and on their tpu copies; CPU's outcome is the oracle."""
+    _drain()
+    try:
+        want, cpu_exc = fn(*inputs), None
+    except Exception as exc:  # noqa: BLE001
+        want, cpu_exc = None, exc
+    try:
+        got = _cpu(fn(*[x.to("tpu") if isinstance(x, torch.Tensor) else x for x in inputs]))
+        torch.tpu.synchronize()
+        tpu_exc = None
+    except Exception as exc:  # noqa: BLE001
+        got, tpu_exc = None, exc
+    finally:
+        _drain()
+    if cpu_exc is not None:
+        assert tpu_exc is not None, f"CPU raised {type(cpu_exc).__name__}({cpu_exc}); tpu returned {got}"
+        assert isinstance(tpu_exc, type(cpu_exc)) or _two_faults(cpu_exc, tpu_exc) \
+            or _dtype_unsupported(cpu_exc, tpu_exc) or _index_bounds(cpu_exc, tpu_exc), \
+            f"CPU raised {type(cpu_exc).__name__}({cpu_exc}); tpu raised {type(tpu_exc).__name__}({tpu_exc})"
+        return
+    assert tpu_exc is None, f"CPU returned; tpu raised {type(tpu_exc).__name__}: {tpu_exc}"
+    if isinstance(want, torch.Tensor):
+        want = (want,)
+        got = (got,)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum,
+    "div": torch.div, "floor_divide": torch.floor_divide, "remainder": torch.remainder,
+    "add_": lambda a, b: a.clone().add_(b), "mul_": lambda a, b: a.clone().mul_(b),
+    "eq": torch.eq, "logical_and": torch.logical_and, "where": lambda a, b: torch.where(b > 0, a, b),
+}
+
+
+@given(op=st.sampled_from(sorted(BINARY)), a=shapes, b=shapes,
+       da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES))
+def test_binary_broadcasting(op, a, b, da, db):
+    if op.endswith("_"):
+        # in-place ops whose result type cannot be cast to self (int64.mul_(float)): torch's
+        # meta functions do not check; tpu_kernels/inplace_meta.py (in progress) will
+        db = da
+    agree(BINARY[op], _tensor(a, da), _tensor(b, db, seed=1))
+
+
+@given(a=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
+       b=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
+       dtype=st.sampled_from([torch.float32, torch.int64]), mixed=st.booleans(),
+       op=st.sampled_from(["matmul", "mm", "bmm", "mv"]))
+def test_matmul_shapes(a, b, dtype, mixed, op):
+    fn = {"matmul": torch.matmul, "mm": torch.mm, "bmm": torch.bmm, "mv": torch.mv}[op]
+    agree(fn, _tensor(a, dtype), _tensor(b, torch.float32 if mixed else dtype, seed=1))
+
+
+REDUCTIONS = {
+    "sum": lambda x, d, k: x.sum(d, keepdim=k), "mean": lambda x, d, k: x.mean(d, keepdim=k),
+    "amax": lambda x, d, k: x.amax(d, keepdim=k), "prod": lambda x, d, k: x.prod(d, keepdim=k),
+    "argmax": lambda x, d, k: x.argmax(d, keepdim=k), "std": lambda x, d, k: x.std(d, keepdim=k),
+    "logsumexp": lambda x, d, k: x.logsumexp(d, keepdim=k), "softmax": lambda x, d, k: x.softmax(d),
+    "cumsum": lambda x, d, k: x.cumsum(d), "max": lambda x, d, k: x.max(d, keepdim=k).values,
+}
+
+
+@given(op=st.sampled_from(sorted(REDUCTIONS)), shape=nonempty_shapes, dim=st.integers(-4, 4),
+       keepdim=st.booleans(), dtype=st.sampled_from([torch.float32, torch.int64]))
+def test_reductions_with_dims(op, shape, dim, keepdim, dtype):
+    agree(lambda x: REDUCTIONS[op](x, dim, keepdim), _tensor(shape, dtype))
+
+
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple),
+       target=st.lists(st.integers(-1, 6), min_size=0, max_size=3).map(tuple),
+       transpose=st.booleans(), how=st.sampled_from(["view", "reshape", "flatten_unflatten"]))
+def test_view_reshape(shape, target, transpose, how):
+    def fn(x):
+        if transpose and x.dim() >= 2:
+            x = x.transpose(0, 1)
+        if how == "view":
+            return x.view(target) * 1
+        if how == "reshape":
+            return x.reshape(target) * 1
+        return x.flatten().unflatten(0, target) * 1
+    agree(fn, _tensor(shape, torch.float32))
+
+
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), dim=st.integers(-3, 3),
+       index=st.lists(st.integers(-5, 5), min_size=0, max_size=4),
+       op=st.sampled_from(["index_select", "gather", "take", "getitem", "embedding", "index_add"]))
+def test_index_ops_random_indices(shape, dim, index, op):
+    idx = torch.tensor(index, dtype=torch.int64)
+
+    def fn(x, i):
+        if op == "index_select":
+            return x.index_select(dim, i)
+        if op == "gather":  # an index tensor of x's rank, indices along dim
+            return torch.gather(x, dim, i.reshape((-1,) + (1,) * (x.dim() - 1)))
+        if op == "take":
+            return torch.take(x, i)
+        if op == "getitem":
+            return x[i]
+        if op == "embedding":
+            return torch.nn.functional.embedding(i, x.reshape(x.shape[0], -1))
+        return x.index_add(dim, i, torch.ones_like(x).narrow(dim % max(x.dim(), 1), 0, 1).expand(
+            *[len(index) if d == dim % x.dim() else s for d, s in enumerate(x.shape)]))
+    agree(fn, _tensor(shape, torch.float32), idx)

@@ -18,6 +18,10 @@ from tpu_kernels import inplace_meta as _inplace_meta  # noqa: E402
 from tpu_kernels import registry  # noqa: E402
 
 _inplace_meta.install()
+
+from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
+
+_compile_backend.register()
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402

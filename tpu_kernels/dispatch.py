@@ -736,3 +736,9 @@ def clear_cache() -> None:
     _CACHE.clear()
     _VIEW_CACHE.clear()
     TRACES.clear()
+
+
+# The entry every tpu tensor's __torch_dispatch__ calls. Dynamo must never trace the
+# runtime itself (it would trace into JAX), so under torch.compile each tpu op runs here
+# eagerly, as a graph break.
+entry = torch._dynamo.disable(run, recursive=True)

@@ -60,7 +60,7 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         try:
-            return dispatch.run(func, args, kwargs or {})
+            return dispatch.entry(func, args, kwargs or {})
         except Exception as exc:
             if not errors.on_worker_thread():
                 raise

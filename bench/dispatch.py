@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-import tpu_kernels  # noqa: F401
+import tpu_kernels
 from tpu_kernels.bench.timing import measure
 from tpu_kernels.models import GPT, GPTConfig
 
@@ -35,8 +35,17 @@ def cases() -> list[tuple[str, callable]]:
             with torch.no_grad():
                 return model(tokens)
         return fwd
+    def gpt_deferred(d):
+        fwd = gpt(d)
+        if d == "cpu":
+            return fwd
+
+        def deferred_fwd():
+            with tpu_kernels.deferred():
+                return fwd()
+        return deferred_fwd
     return [("add 64x64", add), ("mm 256x256", mm), ("softmax 1024x1024", softmax),
-            ("small GPT forward", gpt)]
+            ("small GPT forward", gpt), ("GPT forward, deferred", gpt_deferred)]
 
 
 def run(iters: int = 50, out=print) -> list[dict]:

@@ -15,7 +15,8 @@ def sync(x: Any) -> None:
             sync(y)
         return
     if hasattr(x, "_tpu_storage"):
-        x._tpu_storage.array.block_until_ready()
+        from tpu_kernels.tensor import value
+        value(x).block_until_ready()
     elif hasattr(x, "block_until_ready"):
         x.block_until_ready()
 

@@ -39,10 +39,10 @@ def set_state(state: tuple[int, int]) -> None:
 def next_key_data() -> np.ndarray:
     """(seed low, seed high, counter) as uint32: the dynamic input of one random op."""
     global _counter
-    with _lock:
+    with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         _counter += 1
-        c = _counter
-    return np.array([_seed & 0xFFFF_FFFF, _seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
+        c, seed = _counter, _seed
+    return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
 
 
 def key_from_data(data: jax.Array) -> jax.Array:

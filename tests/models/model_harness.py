@@ -294,6 +294,12 @@ def check_train_step(case: Case) -> None:
         why = _compare(e_grads[n], a_grads[n], case.train_tol)
         if why:
             problems.append(f"grad of {n}: {why}")
+    # buffers updated in the forward (BatchNorm running statistics)
+    e_bufs = dict(cpu.named_buffers())
+    for n, b in tpu.named_buffers():
+        why = _compare(e_bufs[n], b, case.train_tol)
+        if why:
+            problems.append(f"buffer {n} after the step: {why}")
     # torch's AdamW on CPU from the same weights with the tpu grads
     names = [n for n, _ in tpu.named_parameters()]
     ref = [torch.nn.Parameter(start[n].clone()) for n in names]

@@ -80,13 +80,8 @@ CASES = [
     Case("distilbert", _build(tf.DistilBertForMaskedLM, tf.DistilBertConfig, vocab_size=V, dim=H,
                               hidden_dim=I, n_layers=L, n_heads=NH, max_position_embeddings=64,
                               dropout=0.0, attention_dropout=0.0), _masked_ids),
-    Case("t5", _build(tf.T5ForConditionalGeneration, tf.T5Config, attn="sdpa", **_t5), _seq2seq,
-         # T5's learned relative-position bias is the sdpa attn_mask and needs its gradient:
-         # on tpu, sdpa (tpu_kernels/patterns.py) always routes a dropout-free call to
-         # aten::_scaled_dot_product_flash_attention_for_cpu, whose derivative has no
-         # attn_mask gradient; CPU torch takes the math path for such a mask.
-         xfail_train="aten::_scaled_dot_product_flash_attention_for_cpu: not differentiable "
-                     "with respect to attn_mask (T5's position bias) on tpu"),
+    # T5's learned relative-position bias is the sdpa attn_mask and needs its gradient
+    Case("t5", _build(tf.T5ForConditionalGeneration, tf.T5Config, attn="sdpa", **_t5), _seq2seq),
     Case("t5_eager", _build(tf.T5ForConditionalGeneration, tf.T5Config, attn="eager", **_t5), _seq2seq),
     Case("bart", _build(tf.BartForConditionalGeneration, tf.BartConfig, vocab_size=V, d_model=H,
                         encoder_layers=L, decoder_layers=L, encoder_attention_heads=NH,

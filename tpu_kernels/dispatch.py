@@ -301,6 +301,7 @@ def _build(plan, args, kwargs, targs, tkw) -> Entry:
         func_outs = _out_metas(derived_from(*fmargs, **fmkwargs))
     else:
         func_outs = outs
+    _check_inplace_cast(op, plan, args, kwargs)
     write_dtypes = [_mutated_dtype(args, kwargs, plan, i) for i in plan.mutated]
     fn = _jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
     log.debug("%s -> %s (skipped: %s)", op, impl, [(i.name, r) for i, r in skipped])
@@ -366,6 +367,42 @@ def _meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> An
                 f"{op} has no meta kernel in torch and its impl {impl.name} needs one to trace; "
                 f"register one with torch.library.register_fake") from exc
         return jax.tree.map(lambda a: torch.empty(a.shape, dtype=to_torch_dtype(a.dtype), device="meta"), out)
+
+
+def _check_inplace_cast(op, plan: OpPlan, args, kwargs) -> None:
+    """``int_tensor.mul_(2.5)``: torch's CPU kernels refuse a result type that cannot be cast
+    back into ``self``; its meta functions do not check, so the check is here."""
+    if not plan.mutated or plan.mutated[0] != 0 or not isinstance(args[0], torch.Tensor):
+        return
+    functional = _functional_twin(op)
+    if functional is None:
+        return
+    try:
+        fmargs, fmkwargs = meta_args(args, kwargs)
+        result = functional(*fmargs, **fmkwargs)
+    except Exception:  # the twin does not take these arguments: nothing to compare
+        return
+    first = result[0] if isinstance(result, (tuple, list)) else result
+    if isinstance(first, torch.Tensor) and not torch.can_cast(first.dtype, args[0].dtype):
+        raise RuntimeError(f"{op}: result type {first.dtype} can't be cast to the desired output "
+                           f"type {args[0].dtype}")
+
+
+def _foreach_twin(op) -> Any:
+    name = op._schema.name.split("::")[1]
+    if not (name.startswith("_foreach") and name.endswith("_")):
+        return None
+    return getattr(getattr(aten, name[:-1], None), op._overloadname, None)
+
+
+def _functional_twin(op) -> Any:
+    name = op._schema.name.split("::")[1]
+    if not name.endswith("_") or name.startswith("_foreach"):
+        return None
+    try:
+        return getattr(getattr(aten, name[:-1]), op._overloadname)
+    except AttributeError:
+        return None
 
 
 def _mutated_dtype(args, kwargs, plan: OpPlan, i: int):
@@ -557,12 +594,8 @@ def _view_like(base: TpuTensor, m: Any) -> Any:
 # -- no impl: in-place derivation, decomposition, CPU fallback, or an error -----------------------------
 def _derive_inplace(op: OpOverload, margs, mkwargs) -> tuple[Impl | None, Any]:
     """``add_`` runs ``add``'s impl and writes the result into ``self``."""
-    name = op._schema.name.split("::")[1]
-    if not name.endswith("_"):
-        return None, None
-    try:
-        functional = getattr(getattr(aten, name[:-1]), op._overloadname)
-    except AttributeError:
+    functional = _functional_twin(op) or _foreach_twin(op)
+    if functional is None:
         return None, None
     impl, _ = REGISTRY.resolve(functional, margs, mkwargs)
     return impl, (functional if impl is not None else None)

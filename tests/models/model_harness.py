@@ -171,41 +171,48 @@ def _leaves(x: Any) -> list:
 
 # -- localising a mismatch: every ATen op replayed on tpu with the CPU op's inputs -----------
 class OpByOp(TorchDispatchMode):
-    """Runs on CPU; replays each ATen op on tpu with copies of the same inputs and records
-    the first ops whose results disagree (beyond ``tol``) or that fail on tpu."""
+    """Records every ATen op of a CPU run with copies of its inputs and its result;
+    ``replay()`` then runs each op on tpu with the same inputs and names the first ops whose
+    results disagree (beyond ``tol``) or that fail on tpu. (The replay happens after the
+    mode exits: tpu ops issued inside a dispatch-mode handler do not run, see the report.)"""
 
     def __init__(self, tol: tuple[float, float], limit: int = 3) -> None:
         super().__init__()
         self.tol = tol
         self.limit = limit
-        self.bad: list[str] = []
+        self.calls: list = []
         self.checked = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if len(self.bad) >= self.limit:
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if any(t.device.type != "cpu" for t in tensors):
             return func(*args, **kwargs)
-        try:
-            targs, tkw = _to_tpu_args(args), _to_tpu_args(kwargs)
-        except Exception:  # noqa: BLE001
-            return func(*args, **kwargs)
+        snap = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
         out = func(*args, **kwargs)
-        try:
-            tout = func(*targs, **tkw)
-            _sync(tout)
-        except Exception as exc:  # noqa: BLE001
-            msg = traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines()[0]
-            self.bad.append(f"{func}: fails on tpu: {msg}")
-            return out
-        self.checked += 1
-        # an in-place op's result is its mutated input: compare every output
-        why = _compare(out, tout, self.tol)
-        if why is not None:
-            shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in tree_flatten((args, kwargs))[0]
-                               if isinstance(a, torch.Tensor))
-            self.bad.append(f"{func}({shapes}): {why.splitlines()[0]} | "
-                            + " ".join(why.split()[-30:]))
+        self.calls.append((func, snap, tree_map(
+            lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, out)))
         return out
+
+    def replay(self) -> list[str]:
+        bad = []
+        for func, (args, kwargs), out in self.calls:
+            if len(bad) >= self.limit:
+                break
+            try:
+                tout = func(*_to_tpu_args(args), **_to_tpu_args(kwargs))
+                _sync(tout)
+            except Exception as exc:  # noqa: BLE001
+                msg = traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines()[0]
+                bad.append(f"{func}: fails on tpu: {msg}")
+                continue
+            self.checked += 1
+            why = _compare(out, tout, self.tol)
+            if why is not None:
+                shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in tree_flatten((args, kwargs))[0]
+                                   if isinstance(a, torch.Tensor))
+                bad.append(f"{func}({shapes}): {why.splitlines()[0]} | " + " ".join(why.split()[-30:]))
+        return bad
 
 
 def _to_tpu_args(x: Any) -> Any:
@@ -235,11 +242,12 @@ def localise(case: Case, train: bool, tol: tuple[float, float]) -> str:
                 with torch.no_grad():
                     model(**inputs)
     except Exception as exc:  # noqa: BLE001
-        return f"(op-by-op replay stopped: {exc})"
-    if not mode.bad:
+        return f"(op-by-op recording stopped: {exc})"
+    bad = mode.replay()
+    if not bad:
         return (f"op by op, all {mode.checked} ATen ops match within {tol}: the difference "
                 f"is accumulated float32 rounding, not one wrong op")
-    return "first ops that disagree when replayed alone on tpu:\n  " + "\n  ".join(mode.bad)
+    return "first ops that disagree when replayed alone on tpu:\n  " + "\n  ".join(bad)
 
 
 # -- the two checks ---------------------------------------------------------------------------

@@ -47,6 +47,11 @@ def _whisper() -> dict:
     return {"input_features": torch.randn(B, 16, 16), "labels": torch.randint(0, V, (B, 4))}
 
 
+def _audio() -> dict:
+    # 400 samples -> (400-8)/4+1 = 99 -> (99-4)/2+1 = 48 frames; CTC targets of length 5
+    return {"input_values": torch.randn(B, 400), "labels": torch.randint(1, 16, (B, 5))}
+
+
 def _clip() -> dict:
     ids = torch.randint(0, V, (B, S))
     return {"input_ids": ids, "pixel_values": torch.randn(B, 3, 16, 16), "return_loss": True}
@@ -98,6 +103,29 @@ CASES = [
     Case("vit", _build(tf.ViTForImageClassification, tf.ViTConfig, **_vit), _image),
     Case("clip", lambda: tf.CLIPModel(_clip_config()), _clip,
          output=lambda o: (o.logits_per_image, o.text_embeds, o.image_embeds)),
+    Case("deberta_v2", _build(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config, attn=None, relative_attention=True,
+                              pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16,
+                              **_bert), _masked_ids),
+    Case("swin", _build(tf.SwinForImageClassification, tf.SwinConfig, attn=None, image_size=16, patch_size=2,
+                        embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
+                        num_labels=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        drop_path_rate=0.0), _image),
+    Case("convnext", _build(tf.ConvNextForImageClassification, tf.ConvNextConfig, attn=None, num_channels=3,
+                            patch_size=2, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=4,
+                            drop_path_rate=0.0, image_size=16), _image),
+    Case("wav2vec2", _build(tf.Wav2Vec2ForCTC, tf.Wav2Vec2Config, vocab_size=16, hidden_size=H,
+                            intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
+                            conv_dim=(16, 16), conv_stride=(4, 2), conv_kernel=(8, 4),
+                            num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4,
+                            feat_extract_norm="group", hidden_dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+                            layerdrop=0.0, mask_time_prob=0.0, ctc_loss_reduction="mean",
+                            pad_token_id=0), _audio,
+         # the CTC loss gradient of each frame is exp(alpha + beta - loss) summed over the
+         # label lattice after 48-frame log-space recursions, and lm_head's grad sums it over
+         # 96 rows: float32 summation order differs (every op alone matches to the table,
+         # checked op by op), leaving ~5e-6 relative on gradients of magnitude ~10
+         train_tol=(1e-5, 1e-5)),
     Case("mamba", _build(tf.MambaForCausalLM, tf.MambaConfig, attn=None, vocab_size=V, hidden_size=H,
                          state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4,
                          time_step_rank=4), _ids),

@@ -54,7 +54,13 @@ def _scalar_dtype(s: Any) -> torch.dtype:
 
 def as_dtype(x: Any, dtype) -> jax.Array:
     """``x`` (array or Python scalar) as an array of ``dtype``."""
-    return jnp.asarray(x, dtype=dtype) if not hasattr(x, "astype") else x.astype(dtype)
+    if not hasattr(x, "astype"):
+        return jnp.asarray(x, dtype=dtype)
+    y = x.astype(dtype)
+    if x.dtype == jnp.bool_ and jnp.issubdtype(dtype, jnp.inexact):
+        # XLA:CPU rewrites convert(bool) * y as select(bool, y, 0), losing False * inf = nan
+        y = jax.lax.optimization_barrier(y)
+    return y
 
 
 def compute_dtype(*xs: Any) -> np.dtype:

@@ -259,7 +259,7 @@ def fmod_core(x, y, dt):
 def pow_core(x, e, dt):
     """``x ** e``; exponents 2, 3, 0.5, -0.5, -1, -2 take torch's exact special paths."""
     cd = float_compute(dt)
-    x, e = as_dtype(x, cd), as_dtype(e, cd)
+    x, e = _same_shape(as_dtype(x, cd), as_dtype(e, cd))
     if _is_bool(cd):
         return (x | ~e).astype(dt)
     if _is_int(cd):

@@ -1,7 +1,6 @@
 """Deferred eager mode: same results as eager and CPU, one compiled program per loop step."""
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
@@ -9,20 +8,7 @@ import torch
 
 import tpu_kernels
 from tpu_kernels import deferred_mode
-from tpu_kernels.models import CNN, GPT, GPTConfig
-
-
-def _steps(model, batch, n, deferred):
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(n):
-        with tpu_kernels.deferred() if deferred else contextlib.nullcontext():
-            opt.zero_grad()
-            loss = model.loss(*batch)
-            loss.backward()
-            opt.step()
-        losses.append(loss.item())
-    return losses
+from tpu_kernels.models import CNN, GPT, GPTConfig, train
 
 
 @pytest.mark.parametrize("make,batch", [
@@ -34,9 +20,9 @@ def test_training_matches_cpu_and_compiles_once(make, batch):
     cpu = make()
     tpu = copy.deepcopy(cpu).to("tpu")
     data = batch()
-    expected = _steps(cpu, data, 10, deferred=False)
+    expected = train(cpu, data, 10)
     before = deferred_mode.stats()["compiles"]
-    got = _steps(tpu, tuple(t.to("tpu") for t in data), 10, deferred=True)
+    got = train(tpu, tuple(t.to("tpu") for t in data), 10, deferred=True)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=1e-4)
     # step 1 creates the optimizer state (a different program); every later step reuses one
     assert deferred_mode.stats()["compiles"] - before <= 3

@@ -7,19 +7,7 @@ import pytest
 import torch
 
 from helpers import assert_same
-from tpu_kernels.models import CNN, GPT, GPTConfig
-
-
-def _train(model, batch, steps, foreach):
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=foreach)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = model.loss(*batch)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+from tpu_kernels.models import CNN, GPT, GPTConfig, train
 
 
 def _pair(make):
@@ -40,8 +28,8 @@ def test_gpt_forward_matches_cpu(attention):
 def test_gpt_training_matches_cpu(foreach):
     cpu, tpu = _pair(GPT)
     tokens = torch.randint(0, 256, (4, 33))
-    expected = _train(cpu, (tokens,), 10, foreach)
-    got = _train(tpu, (tokens.to("tpu"),), 10, foreach)
+    expected = train(cpu, (tokens,), 10, foreach=foreach)
+    got = train(tpu, (tokens.to("tpu"),), 10, foreach=foreach)
     assert all(p.device.type == "tpu" and p.grad.device.type == "tpu" for p in tpu.parameters())
     # float32 with a different summation order: losses agree to ~1e-5 relative over 10 steps
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=1e-4)
@@ -56,15 +44,15 @@ def test_cnn_forward_and_training_match_cpu():
         assert_same(cpu.eval()(images), tpu.eval()(images.to("tpu")), "CNN eval", atol=1e-4, rtol=1e-4)
     cpu.train(), tpu.train()
     # one step: BatchNorm running statistics are updated in place on tpu, as on CPU
-    _train(cpu, (images, labels), 1, None)
-    _train(tpu, (images.to("tpu"), labels.to("tpu")), 1, None)
+    train(cpu, (images, labels), 1)
+    train(tpu, (images.to("tpu"), labels.to("tpu")), 1)
     bn_cpu, bn_tpu = cpu.features[1], tpu.features[1]
     torch.testing.assert_close(bn_tpu.running_mean.cpu(), bn_cpu.running_mean, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(bn_tpu.running_var.cpu(), bn_cpu.running_var, atol=1e-5, rtol=1e-4)
     # nine more: the losses stay together (the stats drift apart with the weights, by
     # float32 rounding compounded over steps, so they are not compared after training)
-    expected = _train(cpu, (images, labels), 9, None)
-    got = _train(tpu, (images.to("tpu"), labels.to("tpu")), 9, None)
+    expected = train(cpu, (images, labels), 9)
+    got = train(tpu, (images.to("tpu"), labels.to("tpu")), 9)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=1e-4)
     assert bn_tpu.num_batches_tracked.item() == 10
 

@@ -7,7 +7,7 @@ import time
 import torch
 
 from tpu_kernels import dispatch
-from tpu_kernels.models import GPT, GPTConfig
+from tpu_kernels.models import GPT, GPTConfig, train_step
 
 
 def main(steps: int = 10, out=print) -> float:
@@ -25,9 +25,9 @@ def main(steps: int = 10, out=print) -> float:
     tpu_tokens = tokens.to("tpu")
     worst = 0.0
     for step in range(steps):
-        cl = _step(cpu_model, cpu_opt, tokens)
+        cl = train_step(cpu_model, cpu_opt, (tokens,)).item()
         t0 = time.perf_counter()
-        tl = _step(tpu_model, tpu_opt, tpu_tokens)
+        tl = train_step(tpu_model, tpu_opt, (tpu_tokens,)).item()
         dt = time.perf_counter() - t0
         worst = max(worst, abs(cl - tl))
         out(f"{step:>4}  {cl:>10.5f}  {tl:>10.5f}  {abs(cl - tl):>9.2e}  {dt:>10.3f}")
@@ -35,14 +35,6 @@ def main(steps: int = 10, out=print) -> float:
     out("")
     out(op_table())
     return worst
-
-
-def _step(model, opt, tokens) -> float:
-    opt.zero_grad()
-    loss = model.loss(tokens)
-    loss.backward()
-    opt.step()
-    return loss.item()
 
 
 def op_table() -> str:

@@ -111,3 +111,28 @@ class CNN(nn.Module):
 
     def loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self(images), labels)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> torch.Tensor:
+    """One optimizer step on ``model.loss(*batch)``; returns the loss (not synchronised)."""
+    opt.zero_grad()
+    loss = model.loss(*batch)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def train(model: nn.Module, batch: tuple, steps: int, *, lr: float = 3e-3,
+          foreach: bool | None = None, deferred: bool = False) -> list[float]:
+    """``steps`` AdamW steps on one batch; the losses. ``deferred`` runs each step recorded
+    and fused (``tpu_kernels.deferred()``)."""
+    import contextlib
+
+    import tpu_kernels
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
+    losses = []
+    for _ in range(steps):
+        with tpu_kernels.deferred() if deferred else contextlib.nullcontext():
+            loss = train_step(model, opt, batch)
+        losses.append(loss.item())
+    return losses

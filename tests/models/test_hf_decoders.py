@@ -75,6 +75,26 @@ CASES = [
 ]
 
 
+# Slower: deeper and longer (2 layers, 64 tokens: new shapes to compile, and error that
+# builds over layers). Run with `make test-thorough` or `pytest --thorough tests/models`.
+def _long_ids() -> dict:
+    ids = torch.randint(0, V, (B, 64))
+    return {"input_ids": ids, "labels": ids}
+
+
+_deep = dict(_llama_like, num_hidden_layers=2, max_position_embeddings=128)
+CASES += [
+    Case("llama_2l_64tok", _lm(tf.LlamaForCausalLM, tf.LlamaConfig, **_deep), _long_ids, thorough=True),
+    Case("qwen3_moe_eager_2l_64tok", _lm(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig, head_dim=8, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=I,
+                                         decoder_sparse_step=1, experts="eager", **_deep),
+         _long_ids, thorough=True),
+    Case("gpt2_2l_64tok", _lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=2, n_head=NH, n_positions=128,
+                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"),
+         _long_ids, thorough=True),
+]
+
+
 @pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
 def test_forward(case):
     check_forward(case)

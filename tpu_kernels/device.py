@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import types
+from typing import Callable
 
 import jax
 import torch
@@ -77,6 +78,33 @@ def _copy_from(self, dst, non_blocking=False):
     return dispatch.copy_into(dst, self)
 
 
+def _keep_ties_when_moving_modules() -> None:
+    """``model.to("tpu")`` must keep tied weights tied (GPT-2's embedding and LM head).
+
+    A CPU parameter cannot take a tpu tensor's data in place, so torch would give each
+    module that holds it a new Parameter and the tie would silently break. Moving a module
+    to tpu therefore swaps parameters in place (torch's swap-on-conversion), for that
+    call only: elsewhere torch's default stays as it is.
+    """
+    def moving(to: Callable) -> Callable:
+        @functools.wraps(to)
+        def wrapper(self, *args, **kwargs):
+            device = torch._C._nn._parse_to(*args, **kwargs)[0]
+            if device is None or device.type != "tpu" or torch.__future__.get_swap_module_params_on_conversion():
+                return to(self, *args, **kwargs)
+            torch.__future__.set_swap_module_params_on_conversion(True)
+            try:
+                return to(self, *args, **kwargs)
+            finally:
+                torch.__future__.set_swap_module_params_on_conversion(False)
+        return wrapper
+
+    torch.nn.Module.to = moving(torch.nn.Module.to)
+    tpu = torch.nn.Module.tpu
+    torch.nn.Module.tpu = lambda self, device=None: torch.nn.Module.to(self, torch.device("tpu", device or 0))
+    torch.nn.Module.tpu.__doc__ = tpu.__doc__
+
+
 def _factory_kernel(op, *args, **kwargs):
     from tpu_kernels import dispatch
     return dispatch.run(op, args, kwargs)
@@ -102,5 +130,6 @@ def setup() -> None:
         if REGISTRY.has(op):
             lib.impl(name, functools.partial(_factory_kernel, op), "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    _keep_ties_when_moving_modules()
     from tpu_kernels import patterns
     patterns.install()

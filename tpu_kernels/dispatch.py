@@ -350,8 +350,10 @@ def _meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> An
     """
     try:
         return op(*margs, **mkwargs)
-    except NotImplementedError as exc:
-        if "Meta" not in str(exc):
+    except (NotImplementedError, AttributeError, TypeError) as exc:
+        # no meta kernel, or a meta kernel that breaks on valid input (e.g. reading the
+        # device of a None bias): take the metadata from the impl instead
+        if isinstance(exc, NotImplementedError) and "Meta" not in str(exc):
             raise
         dyn = [jax.ShapeDtypeStruct(tuple(v.shape), to_jax_dtype(v.dtype)) if isinstance(v, torch.Tensor)
                else v for v in _split(op_plan(op), args, kwargs, impl.static)[0].leaves]

@@ -491,3 +491,18 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
     if driver == "gels":
         return x, resid, _empty(jnp.int64), _empty(real)
     return x, resid, rank, (s if driver in ("gelsd", "gelss") else _empty(real))
+
+
+def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """torch's meta for _grouped_mm accepts only bfloat16 (a CUDA rule); CPU torch, and so
+    the tpu device, run every float dtype. Same output rule, without the dtype rule."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    torch._check(mat_a.dtype == mat_b.dtype,
+                 lambda: f"_grouped_mm: mat_a {mat_a.dtype} and mat_b {mat_b.dtype} differ")
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                 lambda: f"_grouped_mm: operands must be 2-D or 3-D, got {mat_a.dim()}-D and {mat_b.dim()}-D")
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+
+
+_META_OVERRIDES = torch.library.Library("aten", "IMPL")
+_META_OVERRIDES.impl("_grouped_mm", _grouped_mm_meta, "Meta")

@@ -79,20 +79,9 @@ def _to(x: Any, device: str) -> Any:
 
 
 def move_to_tpu(model: torch.nn.Module) -> torch.nn.Module:
-    """``model.to("tpu")`` keeping tied parameters tied.
-
-    A plain ``.to("tpu")`` unties them: ``Module._apply`` cannot assign a tpu tensor to a
-    CPU parameter's ``.data`` (different shallow-copy type), so it makes a new Parameter per
-    module, and an embedding tied to the LM head becomes two parameters that train apart
-    (``test_to_tpu_keeps_tied_weights`` keeps that visible). Swapping the tensors in place
-    keeps one Parameter object, as on CPU and CUDA.
-    """
-    before = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        return model.to("tpu")
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(before)
+    """``model.to("tpu")``: the runtime keeps tied parameters tied (it swaps parameters in
+    place when a module moves to tpu; ``test_model_moves.py`` checks it)."""
+    return model.to("tpu")
 
 
 def _pair(case: Case, train: bool):

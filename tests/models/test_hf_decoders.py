@@ -30,9 +30,6 @@ def _lm(model_cls, config_cls, experts: str | None = None, **kw) -> Callable:
 _llama_like = dict(hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
                    num_key_value_heads=KV, max_position_embeddings=64, attn_implementation="sdpa")
 
-_GROUPED_MM = ("aten::_grouped_mm.default: float32 refused by torch's meta kernel "
-               "('Expected inputs of BF16 type'), which the tpu runtime uses for shapes")
-
 CASES = [
     Case("llama", _lm(tf.LlamaForCausalLM, tf.LlamaConfig, **_llama_like), _ids),
     Case("mistral", _lm(tf.MistralForCausalLM, tf.MistralConfig, sliding_window=4, **_llama_like), _ids),
@@ -40,11 +37,7 @@ CASES = [
     Case("qwen3", _lm(tf.Qwen3ForCausalLM, tf.Qwen3Config, head_dim=8, **_llama_like), _ids),
     Case("qwen3_moe", _lm(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig, head_dim=8, num_experts=4,
                           num_experts_per_tok=2, moe_intermediate_size=I, decoder_sparse_step=1,
-                          **_llama_like), _ids,
-         # transformers routes MoE experts on a "tpu" device to torch.nn.functional.grouped_mm
-         # for every dtype; torch's meta kernel of aten::_grouped_mm (the shape source the
-         # runtime uses) only accepts bfloat16 (a CUDA restriction), so float32 fails there.
-         xfail_forward=_GROUPED_MM, xfail_train=_GROUPED_MM),
+                          **_llama_like), _ids),  # experts through F.grouped_mm (aten::_grouped_mm)
     # the same MoE routing (topk, one_hot, index_add) with the per-expert loop
     Case("mixtral", _lm(tf.MixtralForCausalLM, tf.MixtralConfig, num_local_experts=4,
                         num_experts_per_tok=2, experts="eager", **_llama_like), _ids),

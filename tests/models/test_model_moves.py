@@ -15,19 +15,12 @@ class Tied(torch.nn.Module):
         self.head.weight = self.embed.weight            # as in GPT-2, Gemma, T5, OPT, ...
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Module.to('tpu') unties shared parameters: Module._apply cannot set a CPU Parameter's "
-    ".data to a tpu tensor (torch._has_compatible_shallow_copy_type is False and TpuTensor "
-    "is not a traceable wrapper subclass, so swap_tensors is not used) and makes one new "
-    "Parameter per module"))
-def test_to_tpu_keeps_tied_weights():
-    model = Tied().to("tpu")
+@pytest.mark.parametrize("move", [lambda m: m.to("tpu"), lambda m: m.tpu(), move_to_tpu],
+                         ids=["to", "tpu", "harness"])
+def test_moving_to_tpu_keeps_tied_weights(move):
+    model = move(Tied())
     assert model.head.weight is model.embed.weight
-
-
-def test_to_tpu_with_swap_keeps_tied_weights():
-    model = move_to_tpu(Tied())
-    assert model.head.weight is model.embed.weight
+    assert not torch.__future__.get_swap_module_params_on_conversion()  # only for the move
     assert len(list(model.parameters())) == 1
     model.head(model.embed(torch.tensor([[1, 2]], device="tpu"))).sum().backward()
     assert model.embed.weight.grad.device.type == "tpu"

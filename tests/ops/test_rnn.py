@@ -47,13 +47,7 @@ def _gru_args(bias: bool, dtype=torch.float32):
     return (x, h, w_ih, w_hh) + b
 
 
-_META_BUG = pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "torch's meta kernel of aten::_thnn_fused_lstm_cell (rnn_cell_checkSizes) reads .device "
-    "of the None biases, so LSTM without bias cannot get its result shapes; the runtime "
-    "takes shapes from torch's meta kernels"))
-
-
-@pytest.mark.parametrize("bias", [True, pytest.param(False, marks=_META_BUG)])
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("outputs", ["both", "hy", "cy"])   # "hy"/"cy": the other grad is None
 def test_lstm_cell(bias, outputs):
     def cell(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None):

@@ -1,10 +1,9 @@
-"""Pallas cross entropy, fused linear cross entropy and grouped matmul, bound to this
-library's custom ops (``tpu_kernels::cross_entropy`` is what ``F.cross_entropy`` on tpu
-tensors reaches: see ``tpu_kernels/patterns.py``)."""
+"""Pallas cross entropy and fused linear cross entropy, bound to this library's custom ops
+(``tpu_kernels::cross_entropy`` is what ``F.cross_entropy`` on tpu tensors reaches: see
+``tpu_kernels/patterns.py``)."""
 from __future__ import annotations
 
 from tpu_kernels.pallas import cross_entropy as ce
-from tpu_kernels.pallas import grouped_matmul as gmm
 from tpu_kernels.pallas import linear_cross_entropy as lce
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.kernels._bind import jdt
@@ -35,10 +34,3 @@ def _lce_supports(hidden, weight, target, ignore_index=-100, reduction="mean", l
 def linear_cross_entropy(hidden, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     return lce.linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
                                     reduction=reduction, label_smoothing=label_smoothing)
-
-
-@tpu_kernel("tpu_kernels::ragged_dot", kind="pallas",
-            supports=lambda lhs, rhs, group_sizes: gmm.supports(
-                lhs.shape, jdt(lhs), rhs.shape, jdt(rhs), group_sizes.shape, jdt(group_sizes)))
-def ragged_dot(lhs, rhs, group_sizes):
-    return gmm.ragged_dot(lhs, rhs, group_sizes)

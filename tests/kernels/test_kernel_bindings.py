@@ -32,6 +32,7 @@ CASES = {
     "aten::embedding": (torch.randn(50, 128), torch.randint(0, 50, (9,))),
     "tpu_kernels::cross_entropy": (torch.randn(6, 300), torch.tensor([0, 3, -100, 299, 2, 2])),
     "tpu_kernels::ragged_dot": (torch.randn(7, 8), torch.randn(3, 8, 5), torch.tensor([2, 0, 5])),
+    "aten::_grouped_mm": (torch.randn(7, 8), torch.randn(3, 8, 8), torch.tensor([2, 2, 7], dtype=torch.int32)),
 }
 
 

@@ -108,11 +108,18 @@ def _check_grads(expected, actual, args, targs, msg, **tolerance):
     assert_same(list(ge), [g if g is not None else None for g in ga], f"{msg} (grad)", **tolerance)
 
 
+def _unwrap(op: Any) -> Any:
+    """An Impl's op, or ``op`` itself (an OpOverload's ``.op`` is its C++ builtin)."""
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, str)):
+        return op
+    return getattr(op, "op", op)
+
+
 def reference_of(op: Any) -> Callable[..., Any]:
     """The CPU reference of ``op``: a custom op's ``reference=``, else the op itself."""
     from tpu_kernels.registry import resolve_overload
     from tpu_kernels.registry.custom_op import DEFINED
-    overload = resolve_overload(getattr(op, "op", op))
+    overload = resolve_overload(_unwrap(op))
     qual = overload._schema.name
     if qual in DEFINED:
         ref = DEFINED[qual].reference
@@ -131,7 +138,7 @@ def check_parity(op: Any, *examples: tuple, strategy: Any = None, max_examples: 
     checked; raises AssertionError with a reproducer on the first mismatch.
     """
     from tpu_kernels import registry
-    overload = registry.resolve_overload(getattr(op, "op", op))
+    overload = registry.resolve_overload(_unwrap(op))
     ref = reference_of(op)
     checked = 0
 

@@ -1,0 +1,169 @@
+"""PyTorch's OpInfo database as a second source of samples: tpu against CPU.
+
+One test case per (OpInfo, dtype) for float32 and bfloat16 (where the OpInfo supports
+the dtype on CPU). Each sample runs ``opinfo.op`` on CPU under a dispatch mode that
+records the ATen overloads it calls; a sample none of whose overloads is registered is
+skipped (the OpInfo does not map to the registry). Mapped samples run on tpu (default
+impl resolution) and are compared with ``tpu_kernels.testing.assert_same``.
+
+Time budget: the ``ci`` profile runs the first 2 samples of each OpInfo (float32) and the
+first 1 (bfloat16); the ``thorough`` profile (``make test-thorough``) runs them all.
+TPU_KERNELS_OPINFO_SAMPLES=N overrides (0 = all). Known failures: known_failures.tsv
+(source ``opinfo``).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+import families as F
+import known
+import strategies as S
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.testing import assert_same
+from known import classify
+
+try:
+    from torch.testing._internal.common_methods_invocations import op_db
+except Exception as exc:  # expecttest missing
+    op_db = []
+    _IMPORT_ERROR = exc
+
+DTYPES = (torch.float32, torch.bfloat16)
+# Random or uninitialised results: compared on shape and dtype only.
+META_ONLY = ("rand", "bernoulli", "multinomial", "normal", "uniform", "cauchy", "exponential", "geometric",
+             "log_normal", "dropout", "empty", "randint", "randn", "randperm")
+
+
+def _meta(x):
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return [_meta(y) for y in x]
+    return type(x).__name__
+
+
+def _name(o) -> str:
+    return o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")
+
+
+def _cases():
+    out = []
+    for o in op_db:
+        try:
+            supported = o.supported_dtypes("cpu")
+        except Exception:
+            continue
+        for dt in DTYPES:
+            if dt in supported:
+                out.append(pytest.param(o, dt, id=f"{_name(o)}|{str(dt).replace('torch.', '')}"))
+    return out
+
+
+CASES = _cases()
+
+
+def n_samples(dtype) -> int | None:
+    env = os.environ.get("TPU_KERNELS_OPINFO_SAMPLES")
+    if env is not None:
+        return int(env) or None
+    if S.thorough():
+        return None
+    return 2 if dtype == torch.float32 else 1
+
+
+class _Record(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _to_tpu(x):
+    def conv(t):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided:
+            return t.detach().to("tpu")
+        return t
+    return tree_map(conv, x)
+
+
+def _clone(x):
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+@pytest.mark.skipif(not op_db, reason="torch's OpInfo database needs expecttest")
+@pytest.mark.parametrize("opinfo,dtype", CASES)
+def test_opinfo(opinfo, dtype, record_property):
+    dname = str(dtype).replace("torch.", "")
+    key = f"{_name(opinfo)}|{dname}"
+    listed = known.KNOWN.get(("opinfo", key))
+    record = {"record": "opinfo", "key": key, "date": known.now()[:10], "samples": 0, "passed": 0}
+    overloads: set = set()
+    failure = None
+    limit = n_samples(dtype)
+    try:
+        samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
+        samples = list(itertools.islice(samples, limit * 4 if limit else None))
+    except Exception as exc:
+        samples = []
+    run = 0
+    for sample in samples:
+        if limit and run >= limit:
+            break
+        args = (sample.input,) + tuple(sample.args)
+        kwargs = dict(sample.kwargs)
+        cpu_args, cpu_kwargs = _clone(args), _clone(kwargs)
+        rec = _Record()
+        try:
+            with rec:
+                expected = opinfo.op(*cpu_args, **cpu_kwargs)
+        except Exception:
+            continue              # CPU torch rejects the sample
+        called = {op for op in rec.ops if REGISTRY.has(op)}
+        if not called:
+            continue              # maps to no registered overload
+        overloads |= {str(op) for op in called}
+        run += 1
+        record["samples"] += 1
+        try:
+            targs, tkwargs = _to_tpu(_clone(args)), _to_tpu(_clone(kwargs))
+            actual = opinfo.op(*targs, **tkwargs)
+            if any(m in opinfo.name for m in META_ONLY):
+                assert _meta(actual) == _meta(expected), f"shape/dtype {_meta(actual)} != {_meta(expected)}"
+            else:
+                assert_same(expected, actual, f"OpInfo {key}: sample {sample}")
+            record["passed"] += 1
+        except Exception as exc:   # noqa: BLE001 - any tpu failure is a parity failure
+            if failure is None:
+                failure = exc
+            if listed is not None:
+                break             # known: fail fast
+    record["overloads"] = sorted(overloads)
+    record["tiers"] = {o: F.targets().get(o) for o in overloads}
+    if not record["samples"]:
+        record.update(status="skip", reason="no sample maps to a registered overload")
+        record_property("tpu_kernels_parity", record)
+        if listed is not None:
+            pytest.fail(f"{key} is listed in known_failures.tsv but no sample runs now: delete its line")
+        pytest.skip(record["reason"])
+    if failure is not None:
+        reason = classify(failure)
+        if listed is not None:
+            record.update(status="known_failure", reason=listed)
+            record_property("tpu_kernels_parity", record)
+            pytest.xfail(f"known failure: {listed}")
+        record.update(status="fail", reason=reason)
+        record_property("tpu_kernels_parity", record)
+        raise AssertionError(f"OpInfo {key}: {reason}\n(not in tests/parity/known_failures.tsv)") from failure
+    record.update(status="pass")
+    record_property("tpu_kernels_parity", record)
+    if listed is not None:
+        pytest.fail(f"{key} is listed in known_failures.tsv ({listed!r}) but passes now: delete its line")

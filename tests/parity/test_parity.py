@@ -1,0 +1,301 @@
+"""Property-based parity: every impl of every registered op against CPU torch.
+
+One test case per (op overload, impl) in the registry, collected from the registry itself
+(plus target ops from aten_targets.tsv with no registered impl, run through the runtime:
+views, in-place derivation, decompositions). Each case draws calls from the op's family
+strategy (families.py), runs CPU torch (the reference; a call CPU torch rejects is not a
+case), runs the same call on tpu with the impl forced, and compares values, shapes and
+dtypes (``tpu_kernels.testing.assert_same``: the one tolerance table), mutated arguments,
+and for views the aliasing, strides and storage offset. For float cases of tier-1 ops
+(every op in the ``thorough`` profile) gradients of a random cotangent are compared too.
+
+Examples per case: ``ci`` profile 3 for tier-1 ops' XLA lowerings (2 for other ops) and 2 for kernels (Pallas/Helion
+run in interpret mode), no shrinking; ``thorough`` 60 (kernels: 20), shrinking on.
+Override with TPU_KERNELS_PARITY_EXAMPLES. Known failures: known_failures.tsv.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+from hypothesis import Phase, given, reject, settings
+from hypothesis.errors import FailedHealthCheck, Unsatisfiable, UnsatisfiedAssumption
+
+import families as F
+import known
+from known import classify
+import strategies as S
+from tpu_kernels import registry
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.testing import assert_same, reference_of, reproducer
+
+
+class RuntimeImpl:
+    """Stands for "whatever the runtime does" for target ops with no registered impl."""
+    kind, name = "runtime", "dispatch"
+
+
+RUNTIME = RuntimeImpl()
+
+
+def impl_key(op, impl) -> str:
+    return f"{op}|{impl.kind}:{impl.name}"
+
+
+def _collect():
+    cases = []
+    for op in sorted(REGISTRY.ops(), key=str):
+        for impl in REGISTRY.impls(op):
+            cases.append(pytest.param(op, impl, id=f"{op}|{impl.kind}:{impl.name}"))
+    for op in sorted(F.target_overloads(), key=str):
+        if not REGISTRY.has(op) and F.family(op) is not None:
+            cases.append(pytest.param(op, RUNTIME, id=f"{op}|runtime"))
+    return cases
+
+
+CASES = _collect()
+
+
+def n_examples(op, impl) -> int:
+    env = os.environ.get("TPU_KERNELS_PARITY_EXAMPLES")
+    if env:
+        return int(env)
+    kernel = impl.kind in ("pallas", "helion")
+    if S.thorough():
+        return 20 if kernel else min(settings().max_examples, THOROUGH_EXAMPLES)
+    if kernel:
+        return F.KERNEL_EXAMPLES_CI
+    return CI_EXAMPLES if F.tier(op) == 1 else CI_EXAMPLES_OTHER
+
+
+CI_EXAMPLES = 3           # per tier-1 XLA/runtime case (~900 cases must fit the CI budget)
+CI_EXAMPLES_OTHER = 2     # per other XLA/runtime case
+THOROUGH_EXAMPLES = 60    # per case in the thorough profile (kernels: 20)
+
+
+def grad_wanted(op) -> bool:
+    return S.thorough() or F.tier(op) == 1
+
+
+# -- one call ---------------------------------------------------------------------------------
+def _flat(x):
+    if isinstance(x, (list, tuple)):
+        return [z for y in x for z in _flat(y)]
+    return [x]
+
+
+def _meta(x):
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return [_meta(y) for y in x]
+    return type(x).__name__
+
+
+def _tensor_args(args, kwargs):
+    return [t for t in _flat(list(args) + list(kwargs.values())) if isinstance(t, torch.Tensor)]
+
+
+def run_case(op, impl, case: S.Case, stats: dict) -> None:
+    ref = reference_of(op) if str(op).startswith("tpu_kernels.") else op
+    cargs, ckw = case.build("cpu")
+    try:
+        expected = ref(*cargs, **ckw)
+    except Exception:
+        reject()            # CPU torch does not accept this call: not a case
+    def force():
+        return registry.force(impl) if impl is not RUNTIME else contextlib.nullcontext()
+    try:
+        _compare(op, impl, ref, case, cargs, ckw, expected, force, stats)
+    except UnsatisfiedAssumption:
+        raise
+    except Exception as exc:
+        a, k = case.build("cpu")
+        rep = reproducer(op, a, k, impl if impl is not RUNTIME else None)
+        dts = ", ".join(sorted(str(d).replace("torch.", "") for d in case.dtypes()))
+        raise AssertionError(f"{op} impl {impl.kind}:{impl.name}: {type(exc).__name__}: {exc}\n"
+                             f"dtypes: {dts}\n"
+                             f"--- reproducer ---\n{rep}\n------------------") from exc
+
+
+def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats):
+    targs, tkw = case.build("tpu")
+    msg = f"{op} impl {impl.kind}:{impl.name}"
+    if impl is not RUNTIME:
+        from tpu_kernels.dispatch import meta_args
+        margs, mkw = meta_args(targs, tkw)
+        if impl.check(*margs, **mkw) is not None:   # the impl does not claim these arguments
+            stats["refused"] += 1
+            reject()
+    try:
+        with force():
+            actual = op(*targs, **tkw)
+    except Exception as exc:
+        raise AssertionError(f"tpu raised {type(exc).__name__}: {exc}") from exc
+    stats["examples"] += 1
+    if case.compare == "meta":
+        assert _meta(actual) == _meta(expected), f"{msg}\nshape/dtype {_meta(actual)} != {_meta(expected)}"
+    else:
+        assert_same(expected, actual, msg, op=op)
+        # mutated arguments (in-place ops; out-of-place ops must not touch their inputs)
+        assert_same(_tensor_args(cargs, ckw), _tensor_args(targs, tkw), f"{msg} (arguments after the call)", op=op)
+    if op.is_view or any(r.alias_info is not None for r in op._schema.returns):
+        _check_aliasing(op, cargs, targs, expected, actual, msg)
+    if case.grad and grad_wanted(op):
+        if _check_grads(op, impl, ref, case, msg, force):
+            stats["grad_examples"] += 1
+
+
+def _check_aliasing(op, cargs, targs, expected, actual, msg):
+    cin = [a for a in _flat(list(cargs)) if isinstance(a, torch.Tensor)]
+    tin = [a for a in _flat(list(targs)) if isinstance(a, torch.Tensor)]
+    for e, a in zip(_flat(expected), _flat(actual)):
+        if not isinstance(e, torch.Tensor):
+            continue
+        e_alias = [i for i, t in enumerate(cin) if e.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                   and e.numel() and t.numel()]
+        a_alias = [i for i, t in enumerate(tin) if getattr(a, "_tpu_storage", 0) is getattr(t, "_tpu_storage", 1)
+                   and a.numel() and t.numel()]
+        assert e_alias == a_alias, f"{msg}\naliasing: output aliases inputs {a_alias} on tpu, {e_alias} on CPU"
+        if e_alias and op.is_view and e.numel():
+            assert (a.stride(), a.storage_offset()) == (e.stride(), e.storage_offset()), (
+                f"{msg}\nview strides/offset {(a.stride(), a.storage_offset())} != {(e.stride(), e.storage_offset())}")
+
+
+def _with_grad(args, kwargs):
+    leaves = []
+
+    def req(x):
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+            y = x.detach().requires_grad_()
+            leaves.append(y)
+            return y
+        if isinstance(x, list):
+            return [req(y) for y in x]
+        return x
+    return tuple(req(a) for a in args), kwargs, leaves
+
+
+def _check_grads(op, impl, ref, case, msg, force) -> bool:
+    """Gradients of a random cotangent match CPU's; False when the op is not
+    differentiable here (CPU autograd says so)."""
+    cargs, ckw, cleaves = _with_grad(*case.build("cpu"))
+    if not cleaves or any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+        return False
+    try:
+        out = ref(*cargs, **ckw)
+        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outs:
+            return False
+        gen = torch.Generator().manual_seed(1234)
+        cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) for o in outs]
+        ge = torch.autograd.grad(outs, cleaves, cots, allow_unused=True)
+    except Exception:
+        return False
+    targs, tkw, tleaves = _with_grad(*case.build("tpu"))
+    try:
+        with force():
+            tout = op(*targs, **tkw)
+            touts = [o for o in _flat(tout) if isinstance(o, torch.Tensor) and o.requires_grad]
+            ga = torch.autograd.grad(touts, tleaves, [c.to("tpu") for c in cots], allow_unused=True)
+    except Exception as exc:
+        raise AssertionError(f"{msg}\ngradient on tpu raised {type(exc).__name__}: {exc}") from exc
+    ga = [g if g is None or isinstance(g, torch.Tensor) else g for g in ga]
+    ge = [g if g is not None else None for g in ge]
+    ga = [None if (e is None) else a for e, a in zip(ge, ga)]
+    ge = [torch.zeros_like(l) if (e is None and a is not None) else e for e, a, l in zip(ge, ga, cleaves)]
+    assert_same(list(ge), list(ga), f"{msg}\n(gradients of a random cotangent, seed 1234)", op=op)
+    return True
+
+
+# -- the test ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("op,impl", CASES)
+def test_parity(op, impl, record_property):
+    key = impl_key(op, impl)
+    record = {"record": "impl", "op": str(op), "impl": f"{impl.kind}:{impl.name}", "kind": impl.kind,
+              "tier": F.tier(op), "registered": impl is not RUNTIME, "family": F.family(op),
+              "date": known.now()[:10]}
+    strat = F.strategy(op)
+    if strat is None:
+        record.update(status="untested", reason="no strategy (families.py)")
+        record_property("tpu_kernels_parity", record)
+        pytest.skip(f"{op}: no strategy")
+    listed = known.KNOWN.get(("parity", key))
+    stats = {"examples": 0, "grad_examples": 0, "refused": 0}
+    phases = [Phase.explicit, Phase.reuse, Phase.generate]
+    if listed is None and os.environ.get("TPU_KERNELS_HYPOTHESIS_PROFILE", "ci") != "ci":
+        phases.append(Phase.shrink)        # ci: no shrinking (time); known failures fail fast
+
+    @settings(max_examples=n_examples(op, impl), phases=phases)
+    @given(case=strat)
+    def check(case):
+        try:
+            run_case(op, impl, case, stats)
+        except S.Unsupported as exc:
+            raise AssertionError(f"harness: family {F.family(op)} cannot draw {op}: {exc}") from exc
+    check.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
+    try:
+        check()
+    except (Unsatisfiable, FailedHealthCheck):
+        record.update(status="untested", reason=f"no drawn case ran: the impl refused {stats['refused']}, "
+                      "CPU torch or the strategy rejected the rest", **stats)
+        record_property("tpu_kernels_parity", record)
+        pytest.skip(record["reason"])
+    except Exception as exc:
+        why = classify(exc)
+        if listed is not None:
+            record.update(status="known_failure", reason=listed, **stats)
+            record_property("tpu_kernels_parity", record)
+            pytest.xfail(f"known failure: {listed}")
+        record.update(status="fail", reason=why[:300], **stats)
+        record_property("tpu_kernels_parity", record)
+        raise
+    record.update(status="pass", **stats)
+    record_property("tpu_kernels_parity", record)
+    if listed is not None:
+        pytest.fail(f"{key} is listed in known_failures.tsv ({listed!r}) but passes now: delete its line")
+
+
+# -- coverage of the op table --------------------------------------------------------------------
+def untested_ops() -> list:
+    return [op for op in sorted(REGISTRY.ops(), key=str) if F.strategy(op) is None]
+
+
+def test_untested_listing(capsys, record_property):
+    """Lists registered ops no strategy covers (they may still have OpInfo samples)."""
+    missing = untested_ops()
+    with capsys.disabled():
+        print(f"\n[parity] {len(REGISTRY.ops())} registered ops, {len(missing)} without a strategy:")
+        for op in missing:
+            print(f"  untested: {op} (tier {F.tier(op)})")
+    recs = []
+    for op in missing:
+        for impl in REGISTRY.impls(op):
+            recs.append({"record": "impl", "op": str(op), "impl": f"{impl.kind}:{impl.name}", "kind": impl.kind,
+                         "tier": F.tier(op), "registered": True, "family": None, "status": "untested",
+                         "reason": "no strategy (families.py)", "date": known.now()[:10]})
+    record_property("tpu_kernels_parity", recs)
+
+
+def _opinfo_names() -> set:
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception:  # expecttest missing
+        return set()
+    names = set()
+    for o in op_db:
+        names.add(o.name.split(".")[-1])
+        names.add(getattr(o, "aten_name", None) or o.name)
+    return names
+
+
+def test_tier1_registered_ops_are_tested():
+    """A registered tier-1 op needs a strategy or OpInfo samples."""
+    missing = [op for op in untested_ops() if F.tier(op) == 1]
+    if not missing:
+        return
+    names = _opinfo_names()
+    bare = [op for op in missing if F.packet_name(op) not in names and F.packet_name(op).rstrip("_") not in names]
+    assert not bare, f"tier-1 ops registered without a strategy or OpInfo samples: {[str(o) for o in bare]}"

@@ -1468,9 +1468,12 @@ def attention(draw, op):
     hk = draw(st.sampled_from([h, 1])) if "for_cpu" not in name else h
     lq, lk = draw(st.sampled_from([1, 7, 16])), draw(st.sampled_from([1, 7, 16]))
     d = draw(st.sampled_from([8, 16, 64]))
-    q = draw(tensors((b, h, lq, d), dtype, special=False))
-    k = draw(tensors((b, hk, lk, d), dtype, special=False))
-    v = draw(tensors((b, hk, lk, d), dtype, special=False))
+    # torch's CPU flash kernel assumes its inputs' layout (sdpa makes them so before calling
+    # it): a transposed or stepped k/v changes its result, so the reference needs contiguous
+    lay = {"layout": "contiguous"} if "for_cpu" in name else {}
+    q = draw(tensors((b, h, lq, d), dtype, special=False, **lay))
+    k = draw(tensors((b, hk, lk, d), dtype, special=False, **lay))
+    v = draw(tensors((b, hk, lk, d), dtype, special=False, **lay))
     causal = draw(st.booleans())
     scale = draw(st.sampled_from([None, 0.3]))
     if name == "_scaled_dot_product_flash_attention_for_cpu":

@@ -126,10 +126,13 @@ class Registry:
         ``args``/``kwargs`` are what ``supports`` predicates see: tensors with real
         shapes and dtypes (meta tensors on the dispatch path).
         """
-        forced = self._state.forced.get(op)
-        if forced is not None:
-            return forced, []
         skipped: list[tuple[Impl, str]] = []
+        forced = self._state.forced.get(op)
+        if forced is not None:  # forced where it applies: a call it refuses resolves as usual
+            reason = forced.check(*args, **kwargs)
+            if reason is None:
+                return forced, []
+            skipped.append((forced, f"forced, but refuses: {reason}"))
         for impl in self._table.get(op, ()):
             reason = self.enabled(impl) or impl.check(*args, **kwargs)
             if reason is None:
@@ -160,7 +163,8 @@ class Registry:
 
     @contextlib.contextmanager
     def force(self, impl: Impl, interpret: bool = True) -> Iterator[None]:
-        """Within the block, ``impl`` runs for its op whatever the arguments."""
+        """Within the block, ``impl`` runs for its op wherever its ``supports`` accepts the
+        arguments (other calls of the op, e.g. from its backward, resolve as usual)."""
         st = self._state
         old, old_interp = st.forced.get(impl.op), st.interpret
         st.forced[impl.op] = impl

@@ -225,7 +225,15 @@ class Entry:
     torch_fn: Callable[..., Any] | None = None   # decomposition / CPU fallback (torch land)
 
 
-_CACHE = LRU()        # call signature -> Entry (a compiled executable): bounded
+_RETIRED: dict[tuple[str, str], int] = {}   # calls of evicted entries, for op_counts
+
+
+def _retire(key: Any, entry: "Entry") -> None:
+    k = (str(entry.plan.op), entry.impl.kind)
+    _RETIRED[k] = _RETIRED.get(k, 0) + entry.calls
+
+
+_CACHE = LRU(on_evict=_retire)   # call signature -> Entry (a compiled executable): bounded
 _VIEW_CACHE = LRU()   # view signature -> torch's meta result
 TRACES: dict[Any, int] = {}   # op -> number of times an impl was traced for it
 
@@ -755,7 +763,7 @@ def register_special(op: OpOverload, fn: Callable) -> None:
 # -- introspection ---------------------------------------------------------------------------------------
 def op_counts() -> dict[tuple[str, str], int]:
     """Calls per (op, impl kind) since start: what the demo's table shows."""
-    counts: dict[tuple[str, str], int] = {}
+    counts: dict[tuple[str, str], int] = dict(_RETIRED)
     for e in _CACHE.values():
         k = (str(e.plan.op), e.impl.kind)
         counts[k] = counts.get(k, 0) + e.calls
@@ -769,6 +777,7 @@ def cache_info() -> dict[str, Any]:
 
 def clear_cache() -> None:
     _CACHE.clear()
+    _RETIRED.clear()
     _VIEW_CACHE.clear()
     TRACES.clear()
 

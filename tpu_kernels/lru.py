@@ -29,8 +29,9 @@ class CacheInfo:
 
 
 class LRU:
-    def __init__(self, maxsize: int = DEFAULT_SIZE) -> None:
+    def __init__(self, maxsize: int = DEFAULT_SIZE, on_evict: Any = None) -> None:
         self.maxsize = maxsize
+        self.on_evict = on_evict  # called with (key, value) for each evicted entry
         self._data: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
@@ -53,8 +54,10 @@ class LRU:
         with self._lock:
             self._data[key] = value
             while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+                old = self._data.popitem(last=False)
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(*old)
         return value
 
     def values(self) -> list:

@@ -23,6 +23,13 @@ def _dim(d: int, ndim: int) -> int:
     return d % max(ndim, 1)
 
 
+def _add_at(ref, values):
+    """``x.at[idx].add(values)``; torch adds bools as logical or (XLA has no bool add)."""
+    if ref.array.dtype == jnp.bool_:
+        return ref.max(values.astype(jnp.bool_), mode="drop")
+    return ref.add(values, mode="drop")
+
+
 def _in_range(index: jax.Array, size: int, what: str, *, negative: bool = False,
               exc: type = IndexError) -> None:
     """XLA fills or drops out-of-range indices silently; torch raises: check (deferred)."""
@@ -131,7 +138,7 @@ def scatter_reduce_legacy(self, dim, index, src, *, reduce):
 @xla("aten::scatter_add", "aten::scatter_add_")
 def scatter_add(self, dim, index, src):
     x, index, coords = _scatter_coords(self, dim, index)
-    return x.at[coords].add(_src_for(src, index, x.dtype), mode="drop").reshape(self.shape)
+    return _add_at(x.at[coords], _src_for(src, index, x.dtype)).reshape(self.shape)
 
 
 @xla("aten::scatter_reduce.two", "aten::scatter_reduce_.two")
@@ -167,7 +174,9 @@ def _index_dim_update(self, dim, index, source, how: str, *, negative: bool = Fa
     shape = x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]
     src = jnp.broadcast_to(as_dtype(source, x.dtype), shape) if not hasattr(source, "ndim") \
         or source.ndim == 0 else source.astype(x.dtype).reshape(shape)
-    return getattr(x.at[_at_dim(x.ndim, dim, index)], how)(src, mode="drop").reshape(self.shape)
+    ref = x.at[_at_dim(x.ndim, dim, index)]
+    out = _add_at(ref, src) if how == "add" else getattr(ref, how)(src, mode="drop")
+    return out.reshape(self.shape)
 
 
 @xla("aten::index_add", "aten::index_add_")
@@ -276,7 +285,7 @@ def index_put(self, indices, values, accumulate=False):
     _check_coords(self.shape, indices)
     coords, values = _static_mask_coords(self.shape, indices, values.astype(self.dtype))
     ref = self.at[coords]
-    return ref.add(values, mode="drop") if accumulate else ref.set(values, mode="drop")
+    return _add_at(ref, values) if accumulate else ref.set(values, mode="drop")
 
 
 @xla("aten::_unsafe_masked_index")
@@ -303,7 +312,7 @@ def put(self, index, source, accumulate=False):
               f"{self.size} elements", negative=True)
     ref = self.reshape(-1).at[index.reshape(-1)]
     src = source.reshape(-1).astype(self.dtype)
-    flat = ref.add(src, mode="drop") if accumulate else ref.set(src, mode="drop")
+    flat = _add_at(ref, src) if accumulate else ref.set(src, mode="drop")
     return flat.reshape(self.shape)
 
 

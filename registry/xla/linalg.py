@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels.registry.context import out_dtype
+from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 
@@ -85,7 +85,10 @@ def vdot(self, other):
 @xla("aten::addmm.default", "aten::baddbmm.default", "aten::addmv.default")
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     _same_dtype("addmm", self, mat1, mat2)
-    return _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
+    out = _scaled_add(self, _matmul(mat1, mat2), beta, alpha)
+    if out.shape != out_shape():  # addmv with an empty matrix: torch gives beta * self
+        out = jnp.broadcast_to(_scaled_add(self, jnp.zeros((), out.dtype), beta, alpha), out_shape())
+    return out
 
 
 @xla("aten::addbmm.default")

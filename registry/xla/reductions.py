@@ -199,7 +199,7 @@ def logsumexp(self, dim, keepdim=False):
     axes = _axes(dim, self.ndim)
     if not axes:
         return x
-    m = jnp.max(x, axis=axes, keepdims=True)
+    m = jnp.max(x, axis=axes, keepdims=True, initial=-jnp.inf)  # empty rows give -inf
     m = jnp.where(jnp.isfinite(m), jax.lax.stop_gradient(m), 0)  # all -inf rows give -inf
     s = jnp.log(jnp.sum(jnp.exp(x - m), axis=axes, keepdims=True)) + m
     return (s if keepdim else jnp.squeeze(s, axes)).astype(dt)

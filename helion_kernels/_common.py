@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import os
 import threading
 import time
@@ -126,6 +127,37 @@ def launch(fn: Callable, config: dict[str, Any], *args: Any, settings: dict[str,
 
 
 # ---------------------------------------------------------------------------- checks
+
+def rows_reason(shape, dims: tuple, max_cols: int | None = None) -> str | None:
+    """None when ``dims`` (ints) name only the last dim of a non-empty ``shape`` whose rows
+    fit ``max_cols``: the row kernels' common limits."""
+    nd = len(shape)
+    if nd == 0:
+        return "0-d input"
+    if len(dims) != 1 or dims[0] not in (-1, nd - 1):
+        return f"dim {dims if len(dims) != 1 else dims[0]} is not the last dim"
+    if math.prod(shape) == 0:
+        return "zero-size input"
+    if max_cols is not None and shape[-1] > max_cols:
+        return f"row length {shape[-1]} > {max_cols} (row must fit a VMEM block)"
+    return None
+
+
+def norm_reason(x_shape, weight_shape, normalized_ndim: int | None, max_hidden: int) -> str | None:
+    """None when a norm over the last ``normalized_ndim`` dims (default: the weight's rank,
+    else 1) fits the norm kernels."""
+    k = normalized_ndim if normalized_ndim is not None else (len(weight_shape) if weight_shape is not None else 1)
+    if len(x_shape) < max(k, 1):
+        return f"input rank {len(x_shape)} < normalized rank {k}"
+    if weight_shape is not None and tuple(x_shape[len(x_shape) - k:]) != tuple(weight_shape):
+        return "weight shape does not match the normalized dims"
+    n = math.prod(x_shape[len(x_shape) - k:])
+    if n == 0 or math.prod(x_shape) == 0:
+        return "zero-size input"
+    if n > max_hidden:
+        return f"hidden {n} > {max_hidden} (row does not fit a VMEM block)"
+    return None
+
 
 def dtype_reason(*dtypes: Any) -> str | None:
     """None if every dtype is float32/bfloat16 (or float64, downcast by the wrapper)."""

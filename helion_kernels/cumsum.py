@@ -13,13 +13,12 @@ Floating inputs only (torch promotes integer cumsum to int64, left to XLA).
 """
 from __future__ import annotations
 
-import math
 
 import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, row_block
+from ._common import rows_reason, compute_dtype, dtype_reason, launch, row_block
 
 MAX_COLS = 16384
 
@@ -36,16 +35,7 @@ def supports(shape, dtype, dim: int = -1, out_dtype=None) -> str | None:
     r = dtype_reason(dtype, *([out_dtype] if out_dtype is not None else []))
     if r:
         return r
-    nd = len(shape)
-    if nd == 0:
-        return "0-d input"
-    if dim not in (-1, nd - 1):
-        return f"dim {dim} is not the last dim"
-    if math.prod(shape) == 0:
-        return "zero-size input"
-    if shape[-1] > MAX_COLS:
-        return f"row length {shape[-1]} > {MAX_COLS} (row must fit a VMEM block)"
-    return None
+    return rows_reason(shape, (dim,), MAX_COLS)
 
 
 def cumsum(x, dim: int = -1, dtype=None):

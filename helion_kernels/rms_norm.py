@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, pad2, reduce_tiles, row_block
+from ._common import norm_reason, compute_dtype, dtype_reason, launch, pad2, reduce_tiles, row_block
 
 MAX_HIDDEN = 65536
 
@@ -86,17 +86,7 @@ def supports(x_shape, x_dtype, weight_shape=None, weight_dtype=None, normalized_
     r = dtype_reason(x_dtype, *([weight_dtype] if weight_dtype is not None else []))
     if r:
         return r
-    k = normalized_ndim if normalized_ndim is not None else (len(weight_shape) if weight_shape is not None else 1)
-    if len(x_shape) < max(k, 1):
-        return f"input rank {len(x_shape)} < normalized rank {k}"
-    if weight_shape is not None and tuple(x_shape[len(x_shape) - k:]) != tuple(weight_shape):
-        return "weight shape does not match the normalized dims"
-    n = math.prod(x_shape[len(x_shape) - k:])
-    if n == 0 or math.prod(x_shape) == 0:
-        return "zero-size input"
-    if n > MAX_HIDDEN:
-        return f"hidden {n} > {MAX_HIDDEN} (row does not fit a VMEM block)"
-    return None
+    return norm_reason(x_shape, weight_shape, normalized_ndim, MAX_HIDDEN)
 
 
 # ------------------------------------------------------------------ wrappers

@@ -17,14 +17,13 @@ Public (JAX arrays in/out):
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, pad2, round_up, row_block
+from ._common import rows_reason, compute_dtype, dtype_reason, launch, pad2, round_up, row_block
 
 LONG_ROW = 16384          # longer rows use the column-tiled kernels
 LOOP_COL_TILE = 2048      # column tile of the looped kernels
@@ -114,14 +113,7 @@ def supports(shape, dtype, dim: int = -1) -> str | None:
     r = dtype_reason(dtype)
     if r:
         return r
-    nd = len(shape)
-    if nd == 0:
-        return "0-d input"
-    if dim not in (-1, nd - 1):
-        return f"dim {dim} is not the last dim"
-    if math.prod(shape) == 0:
-        return "zero-size input"
-    return None
+    return rows_reason(shape, (dim,))
 
 
 # ------------------------------------------------------------------ wrappers

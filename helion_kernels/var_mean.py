@@ -12,13 +12,12 @@ Public (JAX arrays in/out; results in the input dtype, f64 inputs computed in f3
 """
 from __future__ import annotations
 
-import math
 
 import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, row_block
+from ._common import rows_reason, compute_dtype, dtype_reason, launch, row_block
 
 MAX_COLS = 65536
 
@@ -40,17 +39,8 @@ def supports(shape, dtype, dim=-1) -> str | None:
     r = dtype_reason(dtype)
     if r:
         return r
-    nd = len(shape)
-    if nd == 0:
-        return "0-d input"
-    dims = (dim,) if isinstance(dim, int) else (tuple(dim) if dim is not None else tuple(range(nd)))
-    if len(dims) != 1 or dims[0] not in (-1, nd - 1):
-        return f"dim {dim} is not (only) the last dim"
-    if math.prod(shape) == 0:
-        return "zero-size input"
-    if shape[-1] > MAX_COLS:
-        return f"row length {shape[-1]} > {MAX_COLS} (row must fit a VMEM block)"
-    return None
+    dims = (dim,) if isinstance(dim, int) else (tuple(dim) if dim is not None else tuple(range(len(shape))))
+    return rows_reason(shape, dims, MAX_COLS)
 
 
 def var_mean(x, correction: float = 1, keepdim: bool = False):

@@ -2,6 +2,8 @@
 custom ops. Each binding adapts the ATen signature and asks the kernel's ``supports``."""
 from __future__ import annotations
 
+import jax
+
 from tpu_kernels.helion_kernels import cumsum as hcumsum
 from tpu_kernels.helion_kernels import glu as hglu
 from tpu_kernels.helion_kernels import layer_norm as hln
@@ -155,3 +157,15 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     return htopk.topk(self, k, -1, largest, sorted)
 
 
+
+
+# -- backward of the gated custom ops (the Helion kernels' own custom_vjp) -----------------------
+@helion("tpu_kernels::swiglu_backward", lambda grads, a, b: hglu.supports(a.shape, jdt(a)))
+def swiglu_backward(grads, a, b):
+    return list(jax.vjp(hglu.swiglu, a, b)[1](grads[0]))
+
+
+@helion("tpu_kernels::geglu_backward", lambda grads, a, b, approximate="none": hglu.supports(
+    a.shape, jdt(a), approximate=approximate))
+def geglu_backward(grads, a, b, approximate="none"):
+    return list(jax.vjp(lambda x, y: hglu.geglu(x, y, approximate), a, b)[1](grads[0]))

@@ -90,6 +90,22 @@ def supports(logits_shape: tuple[int, ...], logits_dtype, target_dtype,
 
 # ----------------------------------------------------------------------------- forward
 
+def online_lse_step(x, j, block_v: int, n_cls: int, t_ref, m_sc, s_sc, xt_sc):
+    """One vocabulary block of the online log-sum-exp: update the running max ``m_sc``,
+    sum of exponentials ``s_sc`` and target logit ``xt_sc`` with f32 logits ``x``.
+    Returns ``x`` with the columns past ``n_cls`` at -inf, and the valid-column mask."""
+    cols = j * block_v + lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    valid = cols < n_cls                       # the tail block reads past C: mask it
+    x = jnp.where(valid, x, -jnp.inf)
+    m_old = m_sc[...]
+    m_new = jnp.maximum(m_old, x.max(axis=1, keepdims=True))
+    s_sc[...] = (s_sc[...] * jnp.exp(m_old - m_new)
+                 + jnp.exp(x - m_new).sum(axis=1, keepdims=True))
+    m_sc[...] = m_new
+    xt_sc[...] += jnp.where(cols == t_ref[...], x, 0.0).sum(axis=1, keepdims=True)
+    return x, valid
+
+
 def _fwd_kernel(x_ref, t_ref, w_ref, out_ref, m_sc, s_sc, xt_sc, wx_sc, *,
                 n_cls: int, block_v: int, smoothing: bool):
     j = pl.program_id(1)
@@ -101,16 +117,8 @@ def _fwd_kernel(x_ref, t_ref, w_ref, out_ref, m_sc, s_sc, xt_sc, wx_sc, *,
         xt_sc[...] = jnp.zeros(xt_sc.shape, jnp.float32)
         wx_sc[...] = jnp.zeros(wx_sc.shape, jnp.float32)
 
-    x = x_ref[...].astype(jnp.float32)
-    cols = j * block_v + lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    valid = cols < n_cls                       # the tail block reads past C: mask it
-    x = jnp.where(valid, x, -jnp.inf)
-    m_old = m_sc[...]
-    m_new = jnp.maximum(m_old, x.max(axis=1, keepdims=True))
-    s_sc[...] = (s_sc[...] * jnp.exp(m_old - m_new)
-                 + jnp.exp(x - m_new).sum(axis=1, keepdims=True))
-    m_sc[...] = m_new
-    xt_sc[...] += jnp.where(cols == t_ref[...], x, 0.0).sum(axis=1, keepdims=True)
+    x, valid = online_lse_step(x_ref[...].astype(jnp.float32), j, block_v, n_cls, t_ref,
+                               m_sc, s_sc, xt_sc)
     if smoothing:
         wx_sc[...] += jnp.where(valid, w_ref[...] * x, 0.0).sum(axis=1, keepdims=True)
 

@@ -294,19 +294,28 @@ def _kv_block(causal, bq, bk):
     return lambda i, j: jnp.minimum(j, _div(i * bq + bq - 1, bk))
 
 
-def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret):
-    b, hq, sqp, d = q.shape
-    rep, skvp = hq // k.shape[1], k.shape[2]
+def _q_major_specs(rep: int, blocks, causal: bool, d: int, mask):
+    """BlockSpecs of the kernels whose grid is (batch, q head, q block, kv block): the
+    forward and dq. The kv head is the q head's group (GQA without repeated kv)."""
     bq, bk = blocks
     kvb = _kv_block(causal, bq, bk)
     qspec = pl.BlockSpec((None, None, bq, d), lambda b_, h, i, j: (b_, h, i, 0))
     kvspec = pl.BlockSpec((None, None, bk, d),
                           lambda b_, h, i, j: (b_, _div(h, rep), kvb(i, j), 0))
     stat = pl.BlockSpec((None, None, bq, LANES), lambda b_, h, i, j: (b_, h, i, 0))
+    mspec = None if mask is None else _mask_spec(
+        mask, bq, bk, lambda h, i, j: h, lambda h, i, j: i, lambda h, i, j: kvb(i, j))
+    return qspec, kvspec, stat, mspec
+
+
+def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret):
+    b, hq, sqp, d = q.shape
+    rep, skvp = hq // k.shape[1], k.shape[2]
+    bq, bk = blocks
+    qspec, kvspec, stat, mspec = _q_major_specs(rep, blocks, causal, d, mask)
     in_specs, args = [qspec, kvspec, kvspec], [q, k, v]
     if mask is not None:
-        in_specs.append(_mask_spec(mask, bq, bk, lambda h, i, j: h, lambda h, i, j: i,
-                                   lambda h, i, j: kvb(i, j)))
+        in_specs.append(mspec)
         args.append(mask)
     kernel = functools.partial(_fwd_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
                                bk=bk, precision=precision, has_mask=mask is not None)
@@ -330,15 +339,10 @@ def _dq_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, preci
     b, hq, sqp, d = q.shape
     rep, skvp = hq // k.shape[1], k.shape[2]
     bq, bk = blocks
-    kvb = _kv_block(causal, bq, bk)
-    qspec = pl.BlockSpec((None, None, bq, d), lambda b_, h, i, j: (b_, h, i, 0))
-    kvspec = pl.BlockSpec((None, None, bk, d),
-                          lambda b_, h, i, j: (b_, _div(h, rep), kvb(i, j), 0))
-    stat = pl.BlockSpec((None, None, bq, LANES), lambda b_, h, i, j: (b_, h, i, 0))
+    qspec, kvspec, stat, mspec = _q_major_specs(rep, blocks, causal, d, mask)
     in_specs, args = [qspec, kvspec, kvspec, qspec, stat, stat], [q, k, v, do, lse, delta]
     if mask is not None:
-        in_specs.append(_mask_spec(mask, bq, bk, lambda h, i, j: h, lambda h, i, j: i,
-                                   lambda h, i, j: kvb(i, j)))
+        in_specs.append(mspec)
         args.append(mask)
     kernel = functools.partial(_dq_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
                                bk=bk, precision=precision, has_mask=mask is not None)

@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.cross_entropy import online_lse_step
 
 REDUCTIONS = ("mean", "sum", "none")
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -152,16 +153,7 @@ def _fwd_kernel(h_ref, w_ref, t_ref, out_ref, acc, m_sc, s_sc, xt_sc, sx_sc, *,
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _update():
-        x = acc[...]
-        cols = j * block_v + lax.broadcasted_iota(jnp.int32, x.shape, 1)
-        valid = cols < vocab
-        x = jnp.where(valid, x, -jnp.inf)
-        m_old = m_sc[...]
-        m_new = jnp.maximum(m_old, x.max(axis=1, keepdims=True))
-        s_sc[...] = (s_sc[...] * jnp.exp(m_old - m_new)
-                     + jnp.exp(x - m_new).sum(axis=1, keepdims=True))
-        m_sc[...] = m_new
-        xt_sc[...] += jnp.where(cols == t_ref[...], x, 0.0).sum(axis=1, keepdims=True)
+        x, valid = online_lse_step(acc[...], j, block_v, vocab, t_ref, m_sc, s_sc, xt_sc)
         sx_sc[...] += jnp.where(valid, x, 0.0).sum(axis=1, keepdims=True)
 
     @pl.when((j == pl.num_programs(1) - 1) & (k == pl.num_programs(2) - 1))

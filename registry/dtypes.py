@@ -28,6 +28,3 @@ def to_torch_dtype(dtype) -> torch.dtype:
     except KeyError:
         raise TypeError(f"JAX dtype {dtype} has no torch equivalent") from None
 
-
-def is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point

@@ -20,13 +20,13 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import deferred_mode as deferred, errors, random_state, strided
+from tpu_kernels import deferred_mode as deferred, errors, random_state
 from tpu_kernels.deferred_mode import force
 from tpu_kernels.lru import LRU
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.tensor import DEVICE, TpuTensor, read, to_jax, to_torch, value, wrap, write
+from tpu_kernels.tensor import TpuTensor, read, to_jax, to_torch, value, wrap, write
 
 log = logging.getLogger("tpu_kernels.dispatch")
 aten = torch.ops.aten

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from tpu_kernels.pallas import matmul as kernel
 from tpu_kernels.registry.decorator import tpu_kernel
-from tpu_kernels.registry.kernels._bind import jdt, matmul_precision
+from tpu_kernels.registry.kernels._bind import jdt
+from tpu_kernels.registry.xla._util import matmul_precision
 
 
 def _mm_supports(a, b):

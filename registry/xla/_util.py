@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
 
 
@@ -68,24 +67,20 @@ def compute_dtype(*xs: Any) -> np.dtype:
     return result_type(*xs)
 
 
-def out(x: jax.Array, i: int = 0) -> jax.Array:
-    """Cast ``x`` to the dtype torch gives output ``i``."""
-    return x.astype(out_dtype(i))
-
-
 def float_compute(dtype) -> np.dtype:
     """Low-precision floats compute in float32 (as torch's CPU kernels do)."""
     dtype = np.dtype(dtype)
     return np.dtype(jnp.float32) if dtype in (jnp.bfloat16, jnp.float16) else dtype
 
 
-def canon_dims(dim: Any, ndim: int) -> tuple[int, ...]:
-    """Normalise ``dim`` (None, int, or list; negative allowed) to a sorted tuple."""
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return tuple(range(ndim))
-    if isinstance(dim, int):
-        dim = (dim,)
-    return tuple(sorted(d % max(ndim, 1) for d in dim))
+_PRECISION = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH,
+              "medium": jax.lax.Precision.DEFAULT}
+
+
+def matmul_precision() -> jax.lax.Precision:
+    """``torch.get_float32_matmul_precision()`` as a jax precision, read at trace time (the
+    setting is part of the dispatch cache key, so changing it retraces)."""
+    return _PRECISION[torch.get_float32_matmul_precision()]
 
 
 def jdtype(dtype: torch.dtype | None) -> np.dtype | None:

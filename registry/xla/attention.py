@@ -19,15 +19,11 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute
-
-_PRECISION = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH,
-              "medium": jax.lax.Precision.DEFAULT}
+from tpu_kernels.registry.xla._util import float_compute, matmul_precision
 
 
 def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    prec = _PRECISION.get(torch.get_float32_matmul_precision(), jax.lax.Precision.HIGHEST)
-    return jnp.einsum(spec, a, b, precision=prec)
+    return jnp.einsum(spec, a, b, precision=matmul_precision())
 
 
 def _no_dropout(op_name: str):

@@ -6,20 +6,11 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from jax import lax
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute
-
-_PRECISION = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH,
-              "medium": lax.Precision.DEFAULT}
-
-
-def _precision() -> lax.Precision:
-    # part of the dispatch cache key, so a change of setting retraces
-    return _PRECISION[torch.get_float32_matmul_precision()]
+from tpu_kernels.registry.xla._util import float_compute, matmul_precision
 
 
 def _transposed_weight(w: jax.Array, groups: int) -> jax.Array:
@@ -37,7 +28,7 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     acc = float_compute(x.dtype)
-    kw = dict(feature_group_count=groups, precision=_precision(),
+    kw = dict(feature_group_count=groups, precision=matmul_precision(),
               preferred_element_type=acc if acc != x.dtype else None)
     if not transposed:
         return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding],

@@ -12,10 +12,7 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute
-
-_PRECISION = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH,
-              "medium": jax.lax.Precision.DEFAULT}
+from tpu_kernels.registry.xla._util import float_compute, matmul_precision
 
 
 def _acc_dtype(dtype):
@@ -27,7 +24,7 @@ def _acc_dtype(dtype):
 
 def _precision(dtype):
     if dtype == jnp.float32 or dtype == jnp.complex64:
-        return _PRECISION.get(torch.get_float32_matmul_precision(), jax.lax.Precision.HIGHEST)
+        return matmul_precision()
     return jax.lax.Precision.HIGHEST
 
 

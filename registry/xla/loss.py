@@ -9,7 +9,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import torch
 
 from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla

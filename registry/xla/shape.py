@@ -2,7 +2,6 @@
 triangles, pixel/channel shuffles, and the backward/scatter ops of slicing views."""
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp

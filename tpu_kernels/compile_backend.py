@@ -1,12 +1,11 @@
-"""``torch.compile(model, backend="tpu")``: what works today, and what does not yet.
+"""``torch.compile(model, backend="tpu")``: Dynamo + AOTAutograd graphs as XLA programs.
 
-Dynamo cannot capture ops on tpu tensors: they are a Python tensor subclass with
-``__torch_dispatch__`` and no ``__tensor_flatten__`` (their data is a jax.Array, not
-torch tensors), so Dynamo breaks the graph at each of them and runs them eagerly through
-the registry (``dispatch.entry`` is ``torch._dynamo.disable``-d so Dynamo never traces
-into JAX). The ``tpu`` backend therefore gets only the torch code between tpu ops; it
-runs those graphs with the tpu ops they contain recorded and fused (deferred mode).
-Results are eager's. For whole-step fusion today use ``tpu_kernels.deferred()``.
+Dynamo captures the Python code into an FX graph (tpu tensors are a traceable wrapper
+subclass: see ``traced.py``); AOTAutograd functionalizes it (in-place updates and buffer
+mutations become outputs it writes back) and, for training, splits it into a forward and
+a backward graph. Each graph becomes one ``GraphProgram``: one ``jax.jit`` whose nodes
+run through the registry, so forward and backward are one XLA executable each. Graph
+breaks, guards and recompiles are torch.compile's own.
 """
 from __future__ import annotations
 
@@ -14,14 +13,23 @@ from typing import Any, Callable
 
 import torch
 
-from tpu_kernels.deferred_mode import deferred
+from tpu_kernels.graph_program import GraphProgram
+
+PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    """AOTAutograd's compiler hook: one ATen graph -> one jitted program (boxed call)."""
+    from functorch.compile import make_boxed_func
+    program = GraphProgram(gm, example_inputs)
+    PROGRAMS.append(program)
+    return make_boxed_func(program)
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-    def run(*args: Any) -> Any:
-        with deferred():
-            return gm(*args)
-    return run
+    """The ``tpu`` Dynamo backend."""
+    from torch._dynamo.backends.common import aot_autograd
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
 
 
 def register() -> None:

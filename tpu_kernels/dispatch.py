@@ -26,7 +26,7 @@ from tpu_kernels.lru import LRU
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.tensor import TpuTensor, read, to_jax, to_torch, value, wrap, write
+from tpu_kernels.tensor import TpuTensor, read, to_jax, to_torch, value, wrap, wrap_result, write
 
 log = logging.getLogger("tpu_kernels.dispatch")
 aten = torch.ops.aten
@@ -545,7 +545,7 @@ def _wrap_like(meta: Any, it) -> Any:
     if meta is None:
         return _wrap_tree(next(it))
     if isinstance(meta, torch.Tensor):
-        return wrap(next(it), meta.dtype)
+        return wrap_result(next(it), meta)
     if isinstance(meta, (list, tuple)):
         return type(meta)(_wrap_like(m, it) for m in meta)
     v = next(it)

@@ -89,8 +89,15 @@ MAX_WATCHED = 256   # past this many unread flags, the oldest are read (they are
 _watched: list[tuple[Any, str, list]] = []
 
 
+_local = threading.local()   # .sink: while a compiled graph is traced, where flags go
+
+
 def watch(flags: Any, op: str, checks: list) -> None:
     """Remember an op's check flags (a jax bool vector, one per check in ``checks``)."""
+    sink = getattr(_local, "sink", None)
+    if sink is not None:    # traced: the flags become outputs of the compiled graph
+        sink.append((flags, op, checks))
+        return
     with _lock:
         _watched.append((flags, op, checks))
         overflow = len(_watched) > MAX_WATCHED

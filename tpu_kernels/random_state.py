@@ -13,6 +13,7 @@ import numpy as np
 _lock = threading.Lock()
 _seed = 0
 _counter = 0
+_local = threading.local()   # .source: while a compiled graph is traced, where keys come from
 
 
 def manual_seed(seed: int) -> None:
@@ -38,10 +39,22 @@ def set_state(state: tuple[int, int]) -> None:
 
 def next_key_data() -> np.ndarray:
     """(seed low, seed high, counter) as uint32: the dynamic input of one random op."""
+    source = getattr(_local, "source", None)
+    if source is not None:
+        return source()
     global _counter
     with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         _counter += 1
         c, seed = _counter, _seed
+    return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
+
+
+def reserve(n: int) -> np.ndarray:
+    """Take ``n`` counters at once: key data for the first; the others follow it."""
+    global _counter
+    with _lock:
+        c, seed = _counter + 1, _seed
+        _counter += n
     return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
 
 

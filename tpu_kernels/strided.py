@@ -25,6 +25,20 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def memory_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims from outermost to innermost in memory, if ``stride`` lays ``shape`` out
+    densely (a permutation of contiguous strides); None otherwise."""
+    if 0 in shape:
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], -shape[d])))
+    acc = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != acc:
+            return None
+        acc *= shape[d]
+    return order
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How to cut a view out of a flat storage of ``numel`` elements."""

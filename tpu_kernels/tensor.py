@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels import errors, strided
+from tpu_kernels import errors, strided, traced
 from tpu_kernels.deferred_mode import Lazy, apply, force, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
@@ -23,11 +24,12 @@ DEVICE = torch.device("tpu", 0)
 
 class Storage:
     """A mutable box for one jax array; views of one base share it."""
-    __slots__ = ("array", "version", "__weakref__")
+    __slots__ = ("array", "version", "shadow", "__weakref__")
 
     def __init__(self, array: jax.Array) -> None:
         self.array = array
         self.version = 0
+        self.shadow = None   # a memory-less torch storage standing for it under torch.compile
 
     @property
     def numel(self) -> int:
@@ -59,12 +61,27 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if traced.is_traced(args, kwargs, cls):   # inside torch.compile's tracing
+            return traced.run(cls, func, args, kwargs)
         try:
-            return dispatch.entry(func, args, kwargs or {})
+            return dispatch.entry(func, args, kwargs)
         except Exception as exc:
             if not errors.on_worker_thread():
                 raise
-            return dispatch.defer_error(func, args, kwargs or {}, exc)
+            return dispatch.defer_error(func, args, kwargs, exc)
+
+    # torch.compile takes tpu tensors apart into one memory-less shadow (see traced.py)
+    def __tensor_flatten__(self):
+        return ["_tpu_shadow"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return traced.unflatten(TpuTensor, inner["_tpu_shadow"], outer_size, outer_stride)
+
+    @property
+    def _tpu_shadow(self) -> torch.Tensor:
+        return traced.shadow(self)
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -103,6 +120,27 @@ def _torch_dtype_of(array) -> torch.dtype:
 def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     """A new tpu tensor owning ``array`` (contiguous)."""
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
+
+
+class _Layouts(threading.local):
+    torch_strides = False   # True while a compiled graph is traced (graph_program)
+
+
+LAYOUTS = _Layouts()
+
+
+def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
+    """An op's result. Eager results are contiguous; inside a compiled graph they take the
+    strides torch's meta function gave, because the graph's later views (recorded by
+    AOTAutograd against those strides) must cut the same elements."""
+    stride = meta.stride()
+    if not LAYOUTS.torch_strides or stride == strided.contiguous_strides(tuple(array.shape)):
+        return wrap(array, meta.dtype)
+    order = strided.memory_order(tuple(array.shape), stride)
+    if order is None:   # not a dense layout (torch's meta functions rarely say so)
+        return wrap(array, meta.dtype)
+    flat = apply(_permuter(order), array)
+    return TpuTensor(Storage(flat), array.shape, stride, 0, meta.dtype)
 
 
 def read(t: TpuTensor) -> jax.Array:
@@ -165,6 +203,11 @@ def write(t: TpuTensor, new: jax.Array) -> None:
 @functools.lru_cache(maxsize=1024)
 def _reshaper(shape: tuple[int, ...]):
     return jax.jit(lambda a: a.reshape(shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _permuter(order: tuple[int, ...]):
+    return jax.jit(lambda a: jnp.transpose(a, order).reshape(-1))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -20,10 +20,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tpu_kernels import errors, random_state, traced
+from tpu_kernels import dispatch, errors, random_state, traced
 from tpu_kernels.deferred_mode import force
-from tpu_kernels.tensor import LAYOUTS, Storage, TpuTensor, value, wrap
+from tpu_kernels.tensor import LAYOUTS, Storage, TpuTensor
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,21 @@ class GraphProgram:
         self.n_random = 0      # random ops in the graph (known after the first trace)
         self.traces = 0
         self.calls = 0
+        self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
         self._layouts: dict[tuple, list] = {}   # statics -> where each output comes from
         self._checks: dict[tuple, list] = {}    # statics -> (op, checks) per flag output
         self._jitted = jax.jit(self._trace, static_argnums=(0,))
+        # a result shape that depends on values (bool-mask indexing, repeat_interleave by
+        # a tensor) cannot be one XLA program: such a graph runs op by op, as eager does
+        self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
+        if self.eager:
+            log.info("a compiled graph has data-dependent shapes: it runs op by op")
 
     def __call__(self, *args: Any) -> list[Any]:
+        if self.eager:
+            self.calls += 1
+            with torch.no_grad():
+                return list(self.gm(*(traced.owner_of(a) if t else a for a, t in zip(args, self.is_tensor))))
         owners = [traced.owner_of(a) for a, t in zip(args, self.is_tensor) if t]
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [force(o._tpu_storage.array) for o in owners]
@@ -49,23 +60,59 @@ class GraphProgram:
                    tuple(_geometry(o) for o in owners))
         taken = self.n_random
         key = random_state.reserve(taken)
-        outs, flags = self._jitted(statics, key, *tensors)
+        storages, flags = self._jitted(statics, key, *tensors)
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
         for f, (op, checks) in zip(flags, self._checks[statics]):
             errors.watch(f, op, checks)
         self.calls += 1
-        return [wrap(outs[v], dt) if kind == "t" else v for kind, v, dt in self._layouts[statics]]
+        return self._results(statics, owners, storages)
+
+    def _results(self, statics: tuple, owners: list, arrays: list) -> list[Any]:
+        """The graph's outputs as tpu tensors: views of the real inputs where the graph's
+        outputs were views of its inputs (AOTAutograd rebuilds aliases from them), and
+        new storages, shared as in the graph, for the rest; mutated inputs written back."""
+        written, layout = self._layouts[statics]
+        for k, slot in written:
+            st = owners[k]._tpu_storage
+            st.array, st.version = arrays[slot], st.version + 1
+        new = {}
+        out = []
+        for entry in layout:
+            if entry[0] == "value":
+                out.append(entry[1])
+                continue
+            kind, where, geometry = entry
+            if kind == "input":
+                storage = owners[where]._tpu_storage
+            else:
+                storage = new.get(where) or new.setdefault(where, Storage(arrays[where]))
+            out.append(TpuTensor(storage, *geometry))
+        return out
 
     def _trace(self, statics: tuple, key: jax.Array, *arrays: jax.Array):
+        """Run the graph on tpu tensors over the jit's tracers; returns the storages the
+        outputs live in (and mutated inputs' new values) plus the check flags."""
         self.traces += 1
         scalars, geometries = statics
-        views = iter([TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)])
-        st = iter(scalars)
+        inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
+        views, st = iter(inputs), iter(scalars)
         args = [next(views) if t else next(st) for t in self.is_tensor]
+        before = dispatch.op_counts()
+        result, flags = self._run_graph(args, key)
+        after = dispatch.op_counts()
+        self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+        storages, self._layouts[statics] = _output_layout(
+            [t._tpu_storage for t in inputs], arrays, result)
+        self._checks[statics] = [(op, checks) for _, op, checks in flags]
+        log.debug("traced a graph of %d nodes: %d outputs, %d random ops, %d checks",
+                  len(self.gm.graph.nodes), len(result), self.n_random, len(flags))
+        return storages, [f for f, _, _ in flags]
+
+    def _run_graph(self, args: list, key: jax.Array) -> tuple[Any, list]:
         counter = itertools.count()
         random_state._local.source = lambda: key + jnp.array([0, 0, next(counter)], jnp.uint32)
-        errors._local.sink = sink = []
+        errors._local.sink = flags = []
         LAYOUTS.torch_strides = True
         try:
             with torch.no_grad():
@@ -75,18 +122,32 @@ class GraphProgram:
             errors._local.sink = None
             LAYOUTS.torch_strides = False
         self.n_random = max(self.n_random, next(counter))
-        layout, out = [], []
-        for o in result:
-            if isinstance(o, TpuTensor):
-                layout.append(("t", len(out), o.dtype))
-                out.append(value(o))
-            else:
-                layout.append(("c", o, None))
-        self._layouts[statics] = layout
-        self._checks[statics] = [(op, checks) for _, op, checks in sink]
-        log.debug("traced a graph of %d nodes: %d outputs, %d random ops, %d checks",
-                  len(self.gm.graph.nodes), len(out), self.n_random, len(sink))
-        return out, [f for f, _, _ in sink]
+        return result, flags
+
+
+def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[list, tuple]:
+    """Which storages leave the jit and how the outputs are cut from them: an output that
+    is a view of an input stays one (geometry over the real input's storage); outputs
+    sharing a new storage keep sharing it; inputs whose storage changed are written."""
+    storages: list = []
+    slots: dict[int, int] = {}
+
+    def slot(st: Storage) -> int:
+        if id(st) not in slots:
+            slots[id(st)] = len(storages)
+            storages.append(st.array)
+        return slots[id(st)]
+
+    written = [(k, slot(st)) for k, (st, a) in enumerate(zip(inputs, arrays)) if st.array is not a]
+    layout = []
+    for o in result:
+        if not isinstance(o, TpuTensor):
+            layout.append(("value", o))
+            continue
+        st, geometry = o._tpu_storage, _geometry(o)
+        k = next((k for k, s in enumerate(inputs) if s is st), None)
+        layout.append(("input", k, geometry) if k is not None else ("new", slot(st), geometry))
+    return storages, (written, layout)
 
 
 def _static(a: Any) -> Any:

@@ -7,6 +7,7 @@ pooling / linear. Both are plain ``torch.nn`` modules: nothing here knows about 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -113,26 +114,31 @@ class CNN(nn.Module):
         return F.cross_entropy(self(images), labels)
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple) -> torch.Tensor:
-    """One optimizer step on ``model.loss(*batch)``; returns the loss (not synchronised)."""
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple,
+               loss_fn: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """One optimizer step on ``model.loss(*batch)`` (or ``loss_fn(*batch)``); returns the
+    loss (not synchronised)."""
     opt.zero_grad()
-    loss = model.loss(*batch)
+    loss = (loss_fn or model.loss)(*batch)
     loss.backward()
     opt.step()
     return loss
 
 
 def train(model: nn.Module, batch: tuple, steps: int, *, lr: float = 3e-3,
-          foreach: bool | None = None, deferred: bool = False) -> list[float]:
+          foreach: bool | None = None, deferred: bool = False,
+          compiled: bool = False) -> list[float]:
     """``steps`` AdamW steps on one batch; the losses. ``deferred`` runs each step recorded
-    and fused (``tpu_kernels.deferred()``)."""
+    and fused (``tpu_kernels.deferred()``); ``compiled`` runs the loss and its backward
+    through ``torch.compile(backend="tpu")``."""
     import contextlib
 
     import tpu_kernels
     opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
+    loss_fn = torch.compile(model.loss, backend="tpu") if compiled else None
     losses = []
     for _ in range(steps):
         with tpu_kernels.deferred() if deferred else contextlib.nullcontext():
-            loss = train_step(model, opt, batch)
+            loss = train_step(model, opt, batch, loss_fn)
         losses.append(loss.item())
     return losses

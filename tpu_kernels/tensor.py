@@ -48,9 +48,14 @@ class TpuTensor(torch.Tensor):
         size = tuple(size)
         stride = strided.contiguous_strides(size) if stride is None else tuple(stride)
         dtype = dtype if dtype is not None else _torch_dtype_of(storage.array)
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
-            requires_grad=requires_grad)
+        if 0 in size:   # never an empty torch storage: torch.compile would resize it
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+                requires_grad=requires_grad, storage_size=1)
+        else:
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+                requires_grad=requires_grad)
         r._tpu_storage = storage
         r._tpu_direct = (offset == 0 and size == tuple(storage.array.shape)
                          and stride == strided.contiguous_strides(size))
@@ -98,6 +103,8 @@ class TpuTensor(torch.Tensor):
         return self.cpu().tolist()
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        if self._tpu_storage is None:   # traced by torch.compile: no values yet
+            return f"TpuTensor(traced, shape={tuple(self.shape)}, dtype={self.dtype})"
         from tpu_kernels.printing import tensor_repr
         return tensor_repr(self)
 

@@ -41,7 +41,8 @@ def shadow(t: "TpuTensor") -> torch.Tensor:
     cached = t.__dict__.get("_tpu_shadow_cache")
     if cached is not None and cached[0] == key:
         return cached[1]
-    nbytes = st.numel * st.array.dtype.itemsize
+    # never empty: torch cannot resize an empty storage of a Python-registered device
+    nbytes = max(st.numel, 1) * st.array.dtype.itemsize
     storage = st.shadow
     if storage is None or storage.nbytes() != nbytes:
         # a distinct fake address per storage; nothing ever reads through it

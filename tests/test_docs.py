@@ -1,4 +1,5 @@
-"""The docs cannot rot: every ```python block in docs/ and every script in examples/ runs."""
+"""The docs cannot rot: every ```python block in README.md and docs/, and every script in
+examples/, runs."""
 from __future__ import annotations
 
 import pathlib
@@ -12,7 +13,7 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def _pages():
-    return sorted((ROOT / "docs").glob("*.md"))
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: p.name)

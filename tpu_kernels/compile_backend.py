@@ -29,7 +29,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """The ``tpu`` Dynamo backend."""
     from torch._dynamo.backends.common import aot_autograd
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph)(gm, example_inputs)
+
+    from tpu_kernels.registry.xla.elementwise import register_graph_prims
+    register_graph_prims()
+    # in-place updates of inputs stay inside inference graphs (an optimizer step): the
+    # program writes the new values into the inputs' storages instead of AOTAutograd
+    # copying each one back op by op
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def register() -> None:

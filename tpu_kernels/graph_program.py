@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tpu_kernels import dispatch, errors, random_state, traced
 from tpu_kernels.deferred_mode import force
-from tpu_kernels.tensor import LAYOUTS, Storage, TpuTensor
+from tpu_kernels.tensor import LAYOUTS, Storage, TpuTensor, to_jax, to_torch, wrap
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,31 @@ class GraphProgram:
         self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
         if self.eager:
             log.info("a compiled graph has data-dependent shapes: it runs op by op")
+        # outputs torch expects on the CPU (an optimizer's step counters, for one)
+        outs = gm.graph.output_node().args[0]
+        self.cpu_outputs = [i for i, n in enumerate(outs) if isinstance(n, torch.fx.Node)
+                            and getattr(n.meta.get("val"), "device", None) == torch.device("cpu")]
 
     def __call__(self, *args: Any) -> list[Any]:
+        # CPU tensor inputs (0-dim scalars, step counters) ride along as host arrays
+        cpu = {i: a for i, a in enumerate(x for x, t in zip(args, self.is_tensor) if t)
+               if a.device.type == "cpu"}
+        owners = [_host(a) if i in cpu else traced.owner_of(a)
+                  for i, a in enumerate(x for x, t in zip(args, self.is_tensor) if t)]
         if self.eager:
-            self.calls += 1
+            it = iter(owners)
             with torch.no_grad():
-                return list(self.gm(*(traced.owner_of(a) if t else a for a, t in zip(args, self.is_tensor))))
-        owners = [traced.owner_of(a) for a, t in zip(args, self.is_tensor) if t]
+                out = list(self.gm(*(next(it) if t else a for a, t in zip(args, self.is_tensor))))
+        else:
+            out = self._run_jitted(args, owners)
+        for i, a in cpu.items():    # the graph may have updated them in place
+            st = owners[i]._tpu_storage
+            if st.version:
+                a.copy_(to_torch(st.array).reshape(a.shape))
+        self.calls += 1
+        return [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
+
+    def _run_jitted(self, args: tuple, owners: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [force(o._tpu_storage.array) for o in owners]
         statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
@@ -65,7 +83,6 @@ class GraphProgram:
             random_state.reserve(self.n_random - taken)
         for f, (op, checks) in zip(flags, self._checks[statics]):
             errors.watch(f, op, checks)
-        self.calls += 1
         return self._results(statics, owners, storages)
 
     def _results(self, statics: tuple, owners: list, arrays: list) -> list[Any]:
@@ -148,6 +165,13 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
         k = next((k for k, s in enumerate(inputs) if s is st), None)
         layout.append(("input", k, geometry) if k is not None else ("new", slot(st), geometry))
     return storages, (written, layout)
+
+
+def _host(t: torch.Tensor) -> TpuTensor:
+    """A CPU tensor as a tpu tensor over a host array (jit moves it with the call)."""
+    if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
+        return wrap(to_jax(t), t.dtype)
+    return wrap(t.detach().numpy(), t.dtype)
 
 
 def _static(a: Any) -> Any:

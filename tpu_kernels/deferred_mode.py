@@ -112,8 +112,11 @@ def _aval(v: Any) -> Any:
 
 
 def _aval_key(v: Any) -> Any:
-    a = _aval(v)
-    return (a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else type(a)
+    if type(v) is Lazy:
+        return v.aval.shape, v.aval.dtype
+    if isinstance(v, (jax.Array, np.ndarray)):
+        return v.shape, v.dtype
+    return type(v)
 
 
 def call(fn: Callable, *args: Any) -> Any:
@@ -144,8 +147,9 @@ def call(fn: Callable, *args: Any) -> Any:
 
 
 def apply(fn: Callable, *args: Any) -> Any:
-    """``fn(*args)`` now, or recorded when the mode is on and an argument is still lazy."""
-    if recording() and any(type(a) is Lazy and a.value is None for a in args):
+    """``fn(*args)``: recorded when the mode is on (so a view read of a parameter fuses
+    into the program that uses it), else run now."""
+    if recording():
         return call(fn, *args)
     return fn(*(force(a) if type(a) is Lazy else a for a in args))
 

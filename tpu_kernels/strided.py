@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
+@functools.lru_cache(maxsize=4096)
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for d in reversed(shape):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import tpu_kernels
-from tpu_kernels import compile_backend, registry
+from tpu_kernels import compile_backend, deferred_mode, registry
 from tpu_kernels.models import CNN, GPT, GPTConfig, train
 
 
@@ -23,7 +23,7 @@ def programs_since(n: int) -> list:
     return compile_backend.PROGRAMS[n:]
 
 
-@pytest.mark.parametrize("make,batch", [
+@pytest.mark.parametrize("make,batch", [  # eager, deferred and compiled training vs CPU
     (lambda: GPT(GPTConfig()), lambda: (torch.randint(0, 256, (4, 33)),)),
     (CNN, lambda: (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))),
 ], ids=["gpt", "cnn"])
@@ -36,8 +36,11 @@ def test_eager_deferred_and_compiled_training_match_cpu(make, batch):
     tdata = tuple(t.to("tpu") for t in data)
     for mode in ["eager", "deferred", "compiled"]:
         start = len(compile_backend.PROGRAMS)
+        recorded = deferred_mode.stats()["compiles"]
         got = torch.tensor(train(copy.deepcopy(init).to("tpu"), tdata, 10, **({mode: True} if mode != "eager" else {})))
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=lambda m: f"{mode}: {m}")
+        if mode == "deferred":   # step 1 creates the optimizer state; later steps reuse one program
+            assert deferred_mode.stats()["compiles"] - recorded <= 3
     progs = programs_since(start)
     # one forward and one backward program, each traced once and run on all 10 steps
     assert len(progs) == 2, [len(p.gm.graph.nodes) for p in progs]

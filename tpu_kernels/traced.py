@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
+
+if TYPE_CHECKING:
+    from tpu_kernels.tensor import TpuTensor
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _SET = torch.ops.aten.set_.source_Storage_storage_offset

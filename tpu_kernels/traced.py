@@ -69,6 +69,7 @@ def unflatten(cls: type, inner: torch.Tensor, size, stride) -> Any:
 
 
 def traced(cls: type, inner: torch.Tensor, size=None, stride=None) -> "TpuTensor":
+    """A traced tpu tensor: the wrapper around a fake shadow, with no jax storage."""
     r = torch.Tensor._make_wrapper_subclass(
         cls, inner.shape if size is None else size,
         strides=inner.stride() if stride is None else stride,

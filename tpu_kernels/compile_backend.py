@@ -29,9 +29,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """The ``tpu`` Dynamo backend."""
     from torch._dynamo.backends.common import aot_autograd
-
-    from tpu_kernels.registry.xla.elementwise import register_graph_prims
-    register_graph_prims()
     # in-place updates of inputs stay inside inference graphs (an optimizer step): the
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 from jax import lax
 
 from tpu_kernels.registry.context import check, out_dtype
@@ -526,20 +527,13 @@ def addcdiv_core(x, t1, t2, value, dt):
     return (x.astype(cd) + v * t1.astype(cd) / t2.astype(cd)).astype(dt)
 
 
+@xla("prims::fma")
 def fma(a, b, c):
-    """``prims::fma`` (a * b + c). torch defines that prim with its inductor, and its
-    decompositions of lerp-like updates use it once defined, so compiled graphs can hold
-    it: ``register_graph_prims`` registers this lowering when the tpu backend first runs."""
+    """``prims::fma`` (a * b + c): torch's decompositions of lerp-like updates emit it, in
+    compiled graphs and in eager decompositions alike, once its inductor is loaded."""
     dt = out_dtype()
     cd = float_compute(dt)
     return (a.astype(cd) * b.astype(cd) + c.astype(cd)).astype(dt)
-
-
-def register_graph_prims() -> None:
-    import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
-    from tpu_kernels.registry import REGISTRY
-    if not REGISTRY.impls(torch.ops.prims.fma.default):
-        xla("prims::fma")(fma)
 
 
 @xla("aten::addcmul")

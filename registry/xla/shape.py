@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from tpu_kernels.registry.context import out_dtype, out_shape
@@ -310,12 +311,19 @@ def repeat_interleave(repeats, *, output_size=None):
 
 
 # -- complex -------------------------------------------------------------------------------
-@xla("aten::complex")
+def _no_complex32(a, b, *_: object) -> str | None:
+    if torch.float16 in (a.dtype, b.dtype):
+        return ("float16 parts make torch.complex32 (ComplexHalf), which JAX has no dtype for: "
+                "pass float32 parts")
+    return None
+
+
+@xla("aten::complex", supports=_no_complex32)
 def complex_(real, imag):
     return lax.complex(*jnp.broadcast_arrays(real, imag)).astype(out_dtype())
 
 
-@xla("aten::polar")
+@xla("aten::polar", supports=_no_complex32)
 def polar(abs, angle):
     a, t = jnp.broadcast_arrays(abs, angle)
     return lax.complex(a * jnp.cos(t), a * jnp.sin(t)).astype(out_dtype())

@@ -13,6 +13,7 @@ and the optimizer step. Each row: median seconds per call after warm-up, the fir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 from typing import Any, Callable
 
@@ -44,7 +45,7 @@ def _forward(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
         m = torch.compile(m)
 
     def call():
-        with torch.no_grad(), (tpu_kernels.deferred() if mode == "tpu deferred" else _null()):
+        with torch.no_grad(), (tpu_kernels.deferred() if mode == "tpu deferred" else contextlib.nullcontext()):
             return m(toks)
     return call
 
@@ -71,18 +72,13 @@ def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any
         opt_step = torch.compile(opt.step, backend=backend)
 
     def step():
-        with tpu_kernels.deferred() if mode == "tpu deferred" else _null():
+        with tpu_kernels.deferred() if mode == "tpu deferred" else contextlib.nullcontext():
             opt.zero_grad()
             loss = loss_fn(toks)
             loss.backward()
             opt_step()
         return loss
     return step
-
-
-def _null():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def run(sizes: list[str], iters: int = 20, modes: list[str] | None = None, out=print) -> list[dict]:

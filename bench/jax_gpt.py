@@ -78,8 +78,8 @@ def adamw_step(p: dict, grads: dict, state: dict, *, lr: float = 3e-3, b1: float
 
 
 def init_state(p: dict) -> dict[str, Any]:
-    zeros = jax.tree.map(jnp.zeros_like, p)
-    return {"step": jnp.zeros((), jnp.float32), "m": zeros, "v": jax.tree.map(jnp.zeros_like, p)}
+    zeros = jax.tree.map(jnp.zeros_like, p)   # jax arrays are immutable: m and v may share
+    return {"step": jnp.zeros((), jnp.float32), "m": zeros, "v": zeros}
 
 
 def jitted(layers: int, heads: int):

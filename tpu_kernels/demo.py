@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 
 import torch
@@ -62,7 +63,7 @@ def compiled(init: GPT, tokens: torch.Tensor, cpu_losses: list[float], out=print
     programs = compile_backend.PROGRAMS[start:]
     out(f"torch.compile(backend='tpu'): {len(programs)} XLA programs (forward, backward, "
         f"optimizer step; {sum(len(p.gm.graph.nodes) for p in programs)} graph nodes); "
-        f"first step {times[0]:.1f} s (compiles), then {sorted(times[1:])[len(times[1:]) // 2] * 1e3:.1f} "
+        f"first step {times[0]:.1f} s (compiles), then {statistics.median(times[1:]) * 1e3:.1f} "
         f"ms/step; max |loss difference| from CPU: {worst:.2e}")
     return worst
 

@@ -53,11 +53,10 @@ class GraphProgram:
                             and getattr(n.meta.get("val"), "device", None) == torch.device("cpu")]
 
     def __call__(self, *args: Any) -> list[Any]:
+        tensors = [a for a, t in zip(args, self.is_tensor) if t]
         # CPU tensor inputs (0-dim scalars, step counters) ride along as host arrays
-        cpu = {i: a for i, a in enumerate(x for x, t in zip(args, self.is_tensor) if t)
-               if a.device.type == "cpu"}
-        owners = [_host(a) if i in cpu else traced.owner_of(a)
-                  for i, a in enumerate(x for x, t in zip(args, self.is_tensor) if t)]
+        cpu = {i: a for i, a in enumerate(tensors) if a.device.type == "cpu"}
+        owners = [_host(a) if i in cpu else traced.owner_of(a) for i, a in enumerate(tensors)]
         if self.eager:
             it = iter(owners)
             with torch.no_grad():

@@ -48,14 +48,11 @@ class TpuTensor(torch.Tensor):
         size = tuple(size)
         stride = strided.contiguous_strides(size) if stride is None else tuple(stride)
         dtype = dtype if dtype is not None else _torch_dtype_of(storage.array)
-        if 0 in size:   # never an empty torch storage: torch.compile would resize it
-            r = torch.Tensor._make_wrapper_subclass(
-                cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
-                requires_grad=requires_grad, storage_size=1)
-        else:
-            r = torch.Tensor._make_wrapper_subclass(
-                cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
-                requires_grad=requires_grad)
+        # never an empty torch storage for an empty tensor: torch.compile would resize it
+        extra = {"storage_size": 1} if 0 in size else {}
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+            requires_grad=requires_grad, **extra)
         r._tpu_storage = storage
         r._tpu_direct = (offset == 0 and size == tuple(storage.array.shape)
                          and stride == strided.contiguous_strides(size))

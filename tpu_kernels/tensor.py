@@ -64,7 +64,8 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if traced.is_traced(args, kwargs, cls):   # inside torch.compile's tracing
+        # inside torch.compile's tracing (the scan is skipped on eager's hot path)
+        if torch.compiler.is_compiling() and traced.is_traced(args, kwargs, cls):
             return traced.run(cls, func, args, kwargs)
         try:
             return dispatch.entry(func, args, kwargs)

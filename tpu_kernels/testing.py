@@ -320,10 +320,7 @@ def _values(shape, dtype, gen, values, low, high) -> torch.Tensor:
             lo, hi = 0, 2
         out = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64)
         if values == "special" and n:
-            sv = torch.tensor(special_values(dtype), dtype=torch.int64)
-            pick = torch.randint(0, len(sv), shape, generator=gen)
-            mask = torch.rand(shape, generator=gen) < 0.3
-            out = torch.where(mask, sv[pick], out)
+            out = _sprinkle_special(out, dtype, gen)
         return out.to(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) < 0.5
@@ -350,8 +347,14 @@ def _values(shape, dtype, gen, values, low, high) -> torch.Tensor:
             hi = high if high is not None else 3.0
             out = torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
     if values == "special" and n:
-        sv = torch.tensor(special_values(dtype), dtype=torch.float64)
-        pick = torch.randint(0, len(sv), shape, generator=gen)
-        mask = torch.rand(shape, generator=gen) < 0.3
-        out = torch.where(mask, sv[pick], out)
+        out = _sprinkle_special(out, dtype, gen)
     return out.to(dtype)
+
+
+def _sprinkle_special(out: torch.Tensor, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """About 30% of ``out``'s elements replaced by ``dtype``'s special values (computed
+    in ``out``'s wider dtype, cast by the caller)."""
+    sv = torch.tensor(special_values(dtype), dtype=out.dtype)
+    pick = torch.randint(0, len(sv), out.shape, generator=gen)
+    mask = torch.rand(out.shape, generator=gen) < 0.3
+    return torch.where(mask, sv[pick], out)

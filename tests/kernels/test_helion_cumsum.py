@@ -13,12 +13,9 @@ import torch  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 
 from tpu_kernels.helion_kernels import cumsum as K  # noqa: E402
+from helpers import torch_f32 as _t  # noqa: E402
 
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-4), jnp.bfloat16: dict(rtol=1.6e-2, atol=5e-2)}
-
-
-def _t(a):
-    return torch.from_numpy(np.asarray(jnp.asarray(a, jnp.float32)).copy())
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

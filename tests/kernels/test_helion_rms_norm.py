@@ -6,12 +6,12 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpu_kernels.helion_kernels import rms_norm as K  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
+from helpers import torch_f32 as _t  # noqa: E402
 
 TOL = {jnp.float32: dict(rtol=2e-5, atol=2e-5), jnp.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 EPS = 1e-6
@@ -19,12 +19,6 @@ EPS = 1e-6
 
 def _rand(seed, shape, dtype):
     return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
-
-
-def _t(a, requires_grad=False):
-    """f32 torch copy of a (possibly bf16-rounded) jax array."""
-    t = torch.from_numpy(np.asarray(jnp.asarray(a, jnp.float32)).copy())
-    return t.requires_grad_(requires_grad)
 
 
 def _close(got, want, dtype):

@@ -6,19 +6,15 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 
 from tpu_kernels.helion_kernels import var_mean as K  # noqa: E402
+from helpers import torch_f32 as _t  # noqa: E402
 
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
-
-
-def _t(a):
-    return torch.from_numpy(np.asarray(jnp.asarray(a, jnp.float32)).copy())
 
 
 @pytest.mark.parametrize("correction", [0, 1])

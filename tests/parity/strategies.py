@@ -1361,10 +1361,36 @@ def _concrete_tree(x):
     return x
 
 
-def _flat(x):
+def flat(x) -> list:
+    """The leaves of nested lists and tuples, in order."""
     if isinstance(x, (list, tuple)):
-        return [z for y in x for z in _flat(y)]
+        return [z for y in x for z in flat(y)]
     return [x]
+
+
+def meta_summary(x):
+    """Shapes and dtypes of a result (tensors, nested lists of them, other values' types)."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return [meta_summary(y) for y in x]
+    return type(x).__name__
+
+
+def with_grad(args: tuple) -> tuple[tuple, list]:
+    """``args`` with every float tensor (also inside lists) a fresh leaf requiring grad,
+    and those leaves in order."""
+    leaves = []
+
+    def req(x):
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+            y = x.detach().requires_grad_()
+            leaves.append(y)
+            return y
+        if isinstance(x, list):
+            return [req(y) for y in x]
+        return x
+    return tuple(req(a) for a in args), leaves
 
 
 def capture_backward(target, forward, forward_strategy, seed: int = 0):
@@ -1376,24 +1402,14 @@ def capture_backward(target, forward, forward_strategy, seed: int = 0):
         from hypothesis import reject
         case = draw(forward_strategy)
         args, kwargs = case.build("cpu")
-        leaves = []
-
-        def req(x):
-            if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
-                y = x.detach().requires_grad_()
-                leaves.append(y)
-                return y
-            if isinstance(x, list):
-                return [req(y) for y in x]
-            return x
-        args = tuple(req(a) for a in args)
+        args, leaves = with_grad(args)
         if not leaves:
             reject()
         cap = _Capture(target)
         try:
             with cap.mode:
                 out = forward(*args, **kwargs)
-                outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+                outs = [o for o in flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
                 if not outs:
                     reject()
                 gen = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import families as F
-import strategies as S
 import test_parity as P
 from tpu_kernels import compile_backend
 

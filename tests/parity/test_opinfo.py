@@ -40,14 +40,6 @@ META_ONLY = ("rand", "bernoulli", "multinomial", "normal", "uniform", "cauchy", 
              "log_normal", "dropout", "empty", "randint", "randn", "randperm")
 
 
-def _meta(x):
-    if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), x.dtype)
-    if isinstance(x, (list, tuple)):
-        return [_meta(y) for y in x]
-    return type(x).__name__
-
-
 def _name(o) -> str:
     return o.name + (f".{o.variant_test_name}" if o.variant_test_name else "")
 
@@ -137,7 +129,7 @@ def test_opinfo(opinfo, dtype, record_property):
             targs, tkwargs = _to_tpu(_clone(args)), _to_tpu(_clone(kwargs))
             actual = opinfo.op(*targs, **tkwargs)
             if any(m in opinfo.name for m in META_ONLY):
-                assert _meta(actual) == _meta(expected), f"shape/dtype {_meta(actual)} != {_meta(expected)}"
+                assert S.meta_summary(actual) == S.meta_summary(expected), f"shape/dtype {S.meta_summary(actual)} != {S.meta_summary(expected)}"
             else:
                 assert_same(expected, actual, f"OpInfo {key}: sample {sample}")
             record["passed"] += 1

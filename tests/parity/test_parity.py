@@ -82,22 +82,8 @@ def grad_wanted(op) -> bool:
 
 
 # -- one call ---------------------------------------------------------------------------------
-def _flat(x):
-    if isinstance(x, (list, tuple)):
-        return [z for y in x for z in _flat(y)]
-    return [x]
-
-
-def _meta(x):
-    if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), x.dtype)
-    if isinstance(x, (list, tuple)):
-        return [_meta(y) for y in x]
-    return type(x).__name__
-
-
 def _tensor_args(args, kwargs):
-    return [t for t in _flat(list(args) + list(kwargs.values())) if isinstance(t, torch.Tensor)]
+    return [t for t in S.flat(list(args) + list(kwargs.values())) if isinstance(t, torch.Tensor)]
 
 
 def run_case(op, impl, case: S.Case, stats: dict) -> None:
@@ -141,7 +127,8 @@ def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
         raise AssertionError(f"tpu raised {type(exc).__name__}: {exc}") from exc
     stats["examples"] += 1
     if case.compare == "meta":
-        assert _meta(actual) == _meta(expected), f"{msg}\nshape/dtype {_meta(actual)} != {_meta(expected)}"
+        got, want = S.meta_summary(actual), S.meta_summary(expected)
+        assert got == want, f"{msg}\nshape/dtype {got} != {want}"
     else:
         assert_same(expected, actual, msg, op=op)
         # mutated arguments (in-place ops; out-of-place ops must not touch their inputs)
@@ -154,9 +141,9 @@ def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
 
 
 def _check_aliasing(op, cargs, targs, expected, actual, msg):
-    cin = [a for a in _flat(list(cargs)) if isinstance(a, torch.Tensor)]
-    tin = [a for a in _flat(list(targs)) if isinstance(a, torch.Tensor)]
-    for e, a in zip(_flat(expected), _flat(actual)):
+    cin = [a for a in S.flat(list(cargs)) if isinstance(a, torch.Tensor)]
+    tin = [a for a in S.flat(list(targs)) if isinstance(a, torch.Tensor)]
+    for e, a in zip(S.flat(expected), S.flat(actual)):
         if not isinstance(e, torch.Tensor):
             continue
         e_alias = [i for i, t in enumerate(cin) if e.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
@@ -170,17 +157,8 @@ def _check_aliasing(op, cargs, targs, expected, actual, msg):
 
 
 def _with_grad(args, kwargs):
-    leaves = []
-
-    def req(x):
-        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
-            y = x.detach().requires_grad_()
-            leaves.append(y)
-            return y
-        if isinstance(x, list):
-            return [req(y) for y in x]
-        return x
-    return tuple(req(a) for a in args), kwargs, leaves
+    args, leaves = S.with_grad(args)
+    return args, kwargs, leaves
 
 
 def _check_grads(op, impl, ref, case, msg, force, call) -> bool:
@@ -191,7 +169,7 @@ def _check_grads(op, impl, ref, case, msg, force, call) -> bool:
         return False
     try:
         out = ref(*cargs, **ckw)
-        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs = [o for o in S.flat(out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not outs:
             return False
         gen = torch.Generator().manual_seed(1234)
@@ -203,7 +181,7 @@ def _check_grads(op, impl, ref, case, msg, force, call) -> bool:
     try:
         with force():
             tout = call(*targs, **tkw)
-            touts = [o for o in _flat(tout) if isinstance(o, torch.Tensor) and o.requires_grad]
+            touts = [o for o in S.flat(tout) if isinstance(o, torch.Tensor) and o.requires_grad]
             ga = torch.autograd.grad(touts, tleaves, [c.to("tpu") for c in cots], allow_unused=True)
     except Exception as exc:
         raise AssertionError(f"{msg}\ngradient on tpu raised {type(exc).__name__}: {exc}") from exc

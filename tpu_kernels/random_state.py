@@ -42,17 +42,13 @@ def next_key_data() -> np.ndarray:
     source = getattr(_local, "source", None)
     if source is not None:
         return source()
-    global _counter
-    with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
-        _counter += 1
-        c, seed = _counter, _seed
-    return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
+    return reserve(1)
 
 
 def reserve(n: int) -> np.ndarray:
     """Take ``n`` counters at once: key data for the first; the others follow it."""
     global _counter
-    with _lock:
+    with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         c, seed = _counter + 1, _seed
         _counter += n
     return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)

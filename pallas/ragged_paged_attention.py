@@ -153,6 +153,11 @@ def _cost_estimate(t: int, s: int, p: int, n: int, hq: int, hkv: int, d: int, ps
 
 # --- kernel body ----------------------------------------------------------------------
 
+def _both(f, g):
+    f()
+    g()
+
+
 def _cdiv_i32(a, b: int):
     """Ceil division of a non-negative int32 scalar by a Python int (stays int32)."""
     return jax.lax.div(a + jnp.int32(b - 1), jnp.int32(b))
@@ -206,17 +211,11 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
 
     def start(s, b, slot):
         for valid, kc, vc in copies(s, b, slot):
-            @pl.when(valid)
-            def _():
-                kc.start()
-                vc.start()
+            pl.when(valid)(functools.partial(_both, kc.start, vc.start))
 
     def wait(s, b, slot):
         for valid, kc, vc in copies(s, b, slot):
-            @pl.when(valid)
-            def _():
-                kc.wait()
-                vc.wait()
+            pl.when(valid)(functools.partial(_both, kc.wait, vc.wait))
 
     def attend(s, b, slot):
         q0, q1, kv_len = seq(s)
@@ -324,14 +323,16 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                            kv_lens: jax.Array, page_table: jax.Array, cu_q_lens: jax.Array,
                            num_seqs: jax.Array, *, scale: float | None = None,
                            blocks: Blocks | None = None,
-                           interpret: bool | None = None) -> jax.Array:
+                           interpret: bool | pltpu.InterpretParams | None = None) -> jax.Array:
     """Causal attention of each sequence's new tokens to its paged context.
 
     q [T, Hq, D] (sequence s owns rows cu_q_lens[s]:cu_q_lens[s+1]); k_pages, v_pages
     [Hkv, N, page_size, D]; kv_lens [S] context lengths (new tokens included);
     page_table [S, P] page ids in order; cu_q_lens [S+1] non-decreasing; num_seqs [1]:
     only the first num_seqs sequences are live. Rows of no live sequence give 0.
-    scale defaults to 1/sqrt(D).
+    scale defaults to 1/sqrt(D). ``interpret``: None picks interpret mode off TPU; a
+    ``pltpu.InterpretParams`` runs TPU interpret mode (DMAs, semaphores, NaN-filled
+    uninitialised VMEM, out-of-bounds checks).
     """
     reason = supports(q.shape, q.dtype, k_pages.shape, k_pages.dtype, v_pages.shape,
                       v_pages.dtype, kv_lens.shape, page_table.shape, cu_q_lens.shape)

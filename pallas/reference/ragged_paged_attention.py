@@ -37,7 +37,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     kv_lens [S], page_table [S, P], cu_q_lens [S+1], num_seqs [1] -> [T, Hq, D]."""
     t, hq, d = q.shape
     hkv, _, ps, _ = k_pages.shape
-    s, p = page_table.shape
+    p = page_table.shape[1]
     rep = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     seq, pos, live = token_positions(kv_lens, cu_q_lens, num_seqs, t)

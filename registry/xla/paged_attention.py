@@ -8,7 +8,6 @@ reference is plain torch, so the op also runs (and is parity-checked) on CPU ten
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -41,7 +40,7 @@ def _cpu_reference(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs
 def ragged_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            kv_lens: torch.Tensor, page_table: torch.Tensor,
                            cu_q_lens: torch.Tensor, num_seqs: torch.Tensor,
-                           scale: Optional[float] = None) -> torch.Tensor:
+                           scale: float | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens ``q [T, Hq, D]`` (sequence s owns
     rows ``cu_q_lens[s]:cu_q_lens[s+1]``) to its ``kv_lens[s]`` context tokens (new ones
     included), kept in pages of ``k_pages, v_pages [Hkv, N, page_size, D]`` listed by

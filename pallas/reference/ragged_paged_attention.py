@@ -1,17 +1,16 @@
 """Plain jax.numpy reference for ``pallas/ragged_paged_attention.py``: gather each
 sequence's pages into a contiguous context, then masked (causal, length) attention.
 
-Every query token gathers its sequence's whole page list ([T, Hkv, P*page_size, D]), so
+Every query token gathers its sequence's whole page list ([T, Hkv, P*page_size, D]) and
+attends as a batch row of its own (the flash attention reference, boolean mask), so
 memory grows with tokens x max context: meant for tests and small batches.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
-_HI = jax.lax.Precision.HIGHEST
+from tpu_kernels.pallas.reference import flash_attention as flash_ref
 
 
 def token_positions(kv_lens: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array,
@@ -35,28 +34,18 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                            num_seqs: jax.Array, *, scale: float | None = None) -> jax.Array:
     """Same contract as the kernel: q [T, Hq, D], k/v_pages [Hkv, N, page_size, D],
     kv_lens [S], page_table [S, P], cu_q_lens [S+1], num_seqs [1] -> [T, Hq, D]."""
-    t, hq, d = q.shape
+    t, _, d = q.shape
     hkv, _, ps, _ = k_pages.shape
     p = page_table.shape[1]
-    rep = hq // hkv
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     seq, pos, live = token_positions(kv_lens, cu_q_lens, num_seqs, t)
     pages = page_table.astype(jnp.int32)[seq]                          # [T, P]
 
     def context(pages_arr):                                            # [T, Hkv, P*ps, D]
-        ctx = pages_arr[:, pages].astype(jnp.float32)                  # [Hkv, T, P, ps, D]
+        ctx = pages_arr[:, pages]                                      # [Hkv, T, P, ps, D]
         return ctx.reshape(hkv, t, p * ps, d).transpose(1, 0, 2, 3)
 
-    k, v = context(k_pages), context(v_pages)
-    qg = q.astype(jnp.float32).reshape(t, hkv, rep, d)
-    sc = jnp.einsum("thrd,thld->thrl", qg, k, precision=_HI) * scale
     keep = (jnp.arange(p * ps)[None, :] <= pos[:, None]) & live[:, None]   # [T, L]
-    keep = keep[:, None, None, :]
-    sc = jnp.where(keep, sc, -jnp.inf)
-    mx = jnp.max(sc, axis=-1, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    w = jnp.where(keep, jnp.exp(sc - mx), 0.0)
-    den = jnp.sum(w, axis=-1, keepdims=True)
-    w = w / jnp.where(den == 0, 1.0, den)
-    out = jnp.einsum("thrl,thld->thrd", w, v, precision=_HI)
-    return out.reshape(t, hq, d).astype(q.dtype)
+    # each token is a batch row of one query over its sequence's context
+    out = flash_ref.attention(q[:, :, None], context(k_pages), context(v_pages),
+                              keep[:, None, None, :], scale=scale)
+    return out[:, :, 0]

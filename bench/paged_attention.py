@@ -52,15 +52,15 @@ class Workload:
         """(shape, dtype) of q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs;
         the cache holds every sequence's full page list."""
         s, p = len(self.q_lens), self.pages_per_seq
-        pages = (self.num_kv_heads, s * p, self.page_size, self.head_dim)
+        pages = (s * p, self.num_kv_heads, self.page_size, self.head_dim)
         return [((sum(self.q_lens), self.num_q_heads, self.head_dim), self.dtype),
                 (pages, self.dtype), (pages, self.dtype), ((s,), "int32"), ((s, p), "int32"),
                 ((s + 1,), "int32"), ((1,), "int32")]
 
     def cost(self) -> dict[str, float]:
         t, s = sum(self.q_lens), len(self.q_lens)
-        blocks = rpa.choose_blocks(t, s, self.num_q_heads // self.num_kv_heads,
-                                   self.page_size, self.pages_per_seq, self.dtype)
+        blocks = rpa.choose_blocks(t, s, self.num_kv_heads, self.num_q_heads // self.num_kv_heads,
+                                   self.page_size, self.pages_per_seq, self.head_dim, self.dtype)
         return rpa.cost(self.q_lens, self.kv_lens, self.num_q_heads, self.num_kv_heads,
                         self.head_dim, self.dtype, blocks, self.page_size)
 
@@ -89,7 +89,10 @@ WORKLOADS = {w.name: w for w in [
 @functools.cache
 def _device(chip: str):
     from jax.experimental.topologies import get_topology_desc
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")   # no metadata server here
+    # before libtpu loads: no metadata server here, and other processes (test workers,
+    # other compiles) may hold libtpu's lockfile: compile-only needs no exclusive chip
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[chip]).devices[0]
 
 

@@ -4,28 +4,31 @@ A step of a serving engine attends, for a batch of sequences of different length
 new query tokens of each sequence to its whole context. Tokens are concatenated:
 sequence s owns query rows [cu[s], cu[s+1]) of q [T, Hq, D] and has kv_lens[s] context
 tokens (its new tokens included, their K/V already written), stored in fixed-size pages
-of k/v_pages [Hkv, N, page_size, D] that page_table[s, :] lists in order. Query token t
+of k/v_pages [N, Hkv, page_size, D] that page_table[s, :] lists in order. Query token t
 of s sits at position kv_lens[s] - q_len(s) + (t - cu[s]) and sees context columns up
 to it (causal). Decode is q_len 1; chunked prefill several; Hq % Hkv == 0 (GQA).
 
-Grid (kv head g, q block i): a block holds bq consecutive tokens and, for GQA, the rep =
-Hq/Hkv query heads of g, as bq*rep rows (token-major: the wrapper lays q out as [Hkv,
-T*rep, D]). Several sequences may share a block; each row belongs to one of them.
+Grid: blocks i of bq consecutive tokens. For kv head g the block's rows are its tokens
+times the rep = Hq/Hkv query heads of g (token-major: the wrapper lays q out as [Hkv,
+T*rep, D]), so a head group shares every page it reads. Several sequences may share a
+block; each row belongs to one of them.
 
-    m, l, acc <- NEG, 0, 0                     (per row, f32 VMEM scratch)
+    m, l, acc <- NEG, 0, 0                     (per kv head and row, f32 VMEM scratch)
     for (s, b) in the block's work items:       s: sequences with rows in block i
-      pages of kv block b of s: DMA'd from HBM, page table scalar-prefetched to SMEM;
-      the next item's pages are in flight meanwhile (two VMEM slots, DMA semaphores)
-      S = (Q K_b^T) * scale, kept where row's token is in s and col <= its position
-      m' = max(m, rowmax S); p = exp(S - m'); l = exp(m - m') l + rowsum p
-      acc = exp(m - m') acc + p V_b;  m = m'
+      pages of kv block b of s, all kv heads at once (one DMA per page), from HBM into
+      one of two VMEM slots; the page table is scalar-prefetched to SMEM, and the next
+      item's pages are in flight meanwhile (DMA semaphores per slot)
+      for each kv head g:
+        S = (Q_g K_gb^T) * scale, kept where the row's token is in s and col <= its position
+        m' = max(m, rowmax S); p = exp(S - m'); l = exp(m - m') l + rowsum p
+        acc = exp(m - m') acc + p V_gb;  m = m'
     O_block = acc / l                            (rows of no sequence: 0)
 
 Rows outside s keep their state (all their entries are masked: alpha = 1, p = 0), so the
 sequences of a block share one set of accumulators. A sequence's items stop at the kv
 block holding the causal limit of its last row in the block; pages past a sequence's end
 are not fetched (their VMEM rows are zeroed out of V). Each grid step is independent
-(its DMA chain starts and drains inside it), so both grid axes are parallel.
+(its DMA chain starts and drains inside it), so the grid axis is parallel.
 """
 from __future__ import annotations
 
@@ -74,8 +77,8 @@ def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, kv_lens_shape
     if not jnp.dtype(q_dtype) == jnp.dtype(k_dtype) == jnp.dtype(v_dtype):
         return "q, k_pages, v_pages dtypes differ"
     if len(q_shape) != 3 or len(k_shape) != 4 or tuple(v_shape) != tuple(k_shape):
-        return "expects q [T, Hq, D], k_pages = v_pages [Hkv, N, page_size, D]"
-    (t, hq, d), (hkv, n, ps, dk) = q_shape, k_shape
+        return "expects q [T, Hq, D], k_pages = v_pages [N, Hkv, page_size, D]"
+    (t, hq, d), (n, hkv, ps, dk) = q_shape, k_shape
     if len(page_table_shape) != 2 or tuple(kv_lens_shape) != (page_table_shape[0],) \
             or tuple(cu_q_lens_shape) != (page_table_shape[0] + 1,):
         return "expects kv_lens [S], page_table [S, P], cu_q_lens [S + 1]"
@@ -90,31 +93,51 @@ def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, kv_lens_shape
     sub = tpu_info.sublane(q_dtype)
     if ps % sub:
         return f"page_size {ps} not a multiple of {sub} ({jnp.dtype(q_dtype).name} tile rows)"
+    s, p = page_table_shape
+    b = choose_blocks(t, s, hkv, hq // hkv, ps, p, d, q_dtype)
+    if vmem_bytes(b, hkv, hq // hkv, ps, d, q_dtype) > _budget():
+        return f"{hkv} kv heads x head_dim {d} do not fit VMEM at the smallest blocks"
     return None
 
 
-def choose_blocks(num_tokens: int, num_seqs: int, rep: int, page_size: int,
-                  pages_per_seq: int, dtype) -> Blocks:
+def _budget() -> int:
+    """The smallest VMEM budget of the checked generations: one block choice for all."""
+    return min(tpu_info.vmem_budget(tpu_info.CHIPS[g]) for g in tpu_info.CHECKED_GENERATIONS)
+
+
+def choose_blocks(num_tokens: int, num_seqs: int, num_kv_heads: int, rep: int,
+                  page_size: int, pages_per_seq: int, head_dim: int, dtype) -> Blocks:
     """Query tokens per block: the fewest whose rows fill a sublane tile when sequences
     have about one token each (decode: every row of another sequence is wasted work),
     about PREFILL_ROWS rows when they have many. Pages per block: about
-    KV_BLOCK_TOKENS context tokens, at most MAX_PAGES_PER_BLOCK DMAs."""
+    KV_BLOCK_TOKENS context tokens, at most MAX_PAGES_PER_BLOCK DMAs. Until the blocks
+    fit the VMEM budget: fewer pages (down to 128 context tokens), then fewer tokens."""
     sub = tpu_info.sublane(dtype)
     unit = sub // math.gcd(rep, sub)               # tokens whose rows fill whole tiles
     per_seq = _cdiv(num_tokens, max(num_seqs, 1))
     want = min(per_seq, max(PREFILL_ROWS // rep, 1))
-    q_tokens = min(_round_up(max(want, 1), unit), _round_up(num_tokens, unit))
-    pages = max(1, min(pages_per_seq, MAX_PAGES_PER_BLOCK, KV_BLOCK_TOKENS // page_size))
-    return Blocks(q_tokens, pages)
+    b = Blocks(min(_round_up(max(want, 1), unit), _round_up(num_tokens, unit)),
+               max(1, min(pages_per_seq, MAX_PAGES_PER_BLOCK, KV_BLOCK_TOKENS // page_size)))
+    while vmem_bytes(b, num_kv_heads, rep, page_size, head_dim, dtype) > _budget():
+        if b.pages > 1 and (b.pages * page_size > 128 or b.q_tokens == unit):
+            b = Blocks(b.q_tokens, b.pages // 2)
+        elif b.q_tokens > unit:
+            b = Blocks(max(unit, _round_up(b.q_tokens // 2, unit)), b.pages)
+        else:
+            break
+    return b
 
 
-def vmem_bytes(blocks: Blocks, rep: int, page_size: int, head_dim: int, dtype) -> int:
-    """Double-buffered q/o blocks and K/V slots, f32 scratch and (rows, bk) temporaries."""
+def vmem_bytes(blocks: Blocks, num_kv_heads: int, rep: int, page_size: int, head_dim: int,
+               dtype) -> int:
+    """Double-buffered q/o blocks and K/V slots (all kv heads), f32 scratch, and one
+    head's (rows, bk) temporaries."""
     rows, bk, isz = blocks.q_tokens * rep, blocks.pages * page_size, jnp.dtype(dtype).itemsize
-    return (2 * 2 * rows * head_dim * isz            # q, o blocks
-            + 2 * 2 * bk * head_dim * isz            # K, V slots
-            + 2 * rows * LANES * 4 + rows * head_dim * 4   # m, l, acc
-            + 3 * rows * bk * 4)                      # scores, p, mask
+    h = num_kv_heads
+    return (2 * 2 * h * rows * head_dim * isz            # q, o blocks
+            + 2 * 2 * h * bk * head_dim * isz            # K, V slots
+            + h * (2 * rows * LANES + rows * head_dim) * 4   # m, l, acc
+            + 3 * rows * bk * 4)                          # scores, p, mask
 
 
 def cost(q_lens, kv_lens, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype,
@@ -168,7 +191,7 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
             o_ref,
             kbuf, vbuf, sems, m_sc, l_sc, acc_sc,
             *, bq, rep, ps, ppb, pages_per_seq, max_seqs, scale, precision):
-    g, i = pl.program_id(0), pl.program_id(1)
+    i = pl.program_id(0)
     bk = ppb * ps
     row_end = (i + 1) * bq                       # one past the block's last token
     nseq = nseq_ref[0]
@@ -195,7 +218,8 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
         return jax.lax.while_loop(skip, lambda c: (c[0] + 1, jnp.int32(0)), (s, b + 1))
 
     def copies(s, b, slot):
-        """(valid, K copy, V copy) per page of kv block b of s into VMEM slot."""
+        """(valid, K copy, V copy) per page of kv block b of s: the page's [Hkv, ps, D]
+        into rows j*ps.. of every head's slot."""
         _, _, kv_len = seq(s)
         n_pages = _cdiv_i32(kv_len, ps)
         base = jnp.minimum(s, max_seqs - 1) * pages_per_seq
@@ -203,10 +227,10 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
         for j in range(ppb):
             p = b * ppb + j
             page = pages_ref[base + jnp.minimum(p, pages_per_seq - 1)]
-            dst = pl.ds(j * ps, ps)
+            dst = (slot, slice(None), pl.ds(j * ps, ps))
             out.append((p < n_pages,
-                        pltpu.make_async_copy(k_hbm.at[g, page], kbuf.at[slot, dst], sems.at[0, slot]),
-                        pltpu.make_async_copy(v_hbm.at[g, page], vbuf.at[slot, dst], sems.at[1, slot])))
+                        pltpu.make_async_copy(k_hbm.at[page], kbuf.at[dst], sems.at[0, slot]),
+                        pltpu.make_async_copy(v_hbm.at[page], vbuf.at[dst], sems.at[1, slot])))
         return out
 
     def start(s, b, slot):
@@ -219,25 +243,26 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
 
     def attend(s, b, slot):
         q0, q1, kv_len = seq(s)
-        k, v = kbuf[slot], vbuf[slot]
         shape = (bq * rep, bk)
         tok = i * bq + jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, shape, 0), jnp.int32(rep))
         col = b * bk + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
         keep = (tok >= q0) & (tok < q1) & (col <= kv_len - q1 + tok)
-        sc = jax.lax.dot_general(q_ref[...], k, _NT, precision=precision,
-                                 preferred_element_type=jnp.float32) * scale
-        sc = jnp.where(keep, sc, NEG)
-        m_prev = m_sc[...]
-        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
-        p = jnp.where(keep, jnp.exp(sc - m_new[:, :1]), 0.0)
-        alpha = jnp.exp(m_prev - m_new)
-        l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-        m_sc[...] = m_new
         # rows of V past the context were never fetched (stale VMEM): zero them
-        vrow = b * bk + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
-        v = jnp.where(vrow < kv_len, v, jnp.zeros_like(v))
-        acc_sc[...] = alpha[:, :1] * acc_sc[...] + jnp.dot(
-            p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
+        vrow = b * bk + jax.lax.broadcasted_iota(jnp.int32, (bk, vbuf.shape[-1]), 0)
+        for g in range(kbuf.shape[1]):
+            sc = jax.lax.dot_general(q_ref[g], kbuf[slot, g], _NT, precision=precision,
+                                     preferred_element_type=jnp.float32) * scale
+            sc = jnp.where(keep, sc, NEG)
+            m_prev = m_sc[g]
+            m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
+            p = jnp.where(keep, jnp.exp(sc - m_new[:, :1]), 0.0)
+            alpha = jnp.exp(m_prev - m_new)
+            l_sc[g] = alpha * l_sc[g] + jnp.sum(p, axis=1, keepdims=True)
+            m_sc[g] = m_new
+            v = vbuf[slot, g]
+            v = jnp.where(vrow < kv_len, v, jnp.zeros_like(v))
+            acc_sc[g] = alpha[:, :1] * acc_sc[g] + jnp.dot(
+                p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
 
     m_sc[...] = jnp.full_like(m_sc, NEG)
     l_sc[...] = jnp.zeros_like(l_sc)
@@ -262,8 +287,7 @@ def _kernel(kv_lens_ref, pages_ref, cu_ref, first_ref, nseq_ref,      # SMEM (pr
 
     jax.lax.while_loop(lambda c: in_block(c[0]), step, (s0, b0, jnp.int32(0)))
     l = l_sc[...]
-    o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)[:, :1]).astype(o_ref.dtype)
-
+    o_ref[...] = (acc_sc[...] / jnp.where(l == 0.0, 1.0, l)[..., :1]).astype(o_ref.dtype)
 
 
 # --- BlockSpecs, grid, pallas_call ----------------------------------------------------
@@ -275,7 +299,7 @@ def _call(q_rows, k_pages, v_pages, meta, *, blocks: Blocks, rep, pages_per_seq,
     ps = k_pages.shape[2]
     bq, ppb = blocks.q_tokens, blocks.pages
     rows, bk = bq * rep, ppb * ps
-    qspec = pl.BlockSpec((None, rows, d), lambda g, i, *_: (g, i, 0))
+    qspec = pl.BlockSpec((hkv, rows, d), lambda i, *_: (0, i, 0))
     kernel = functools.partial(
         _kernel, bq=bq, rep=rep, ps=ps, ppb=ppb, pages_per_seq=pages_per_seq,
         max_seqs=max_seqs, scale=scale,
@@ -286,18 +310,18 @@ def _call(q_rows, k_pages, v_pages, meta, *, blocks: Blocks, rep, pages_per_seq,
         out_shape=jax.ShapeDtypeStruct(q_rows.shape, q_rows.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(meta),
-            grid=(hkv, nrows // rows),
+            grid=(nrows // rows,),
             in_specs=[qspec, pl.BlockSpec(memory_space=pl.ANY),
                       pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=qspec,
-            scratch_shapes=[pltpu.VMEM((2, bk, d), k_pages.dtype),
-                            pltpu.VMEM((2, bk, d), v_pages.dtype),
+            scratch_shapes=[pltpu.VMEM((2, hkv, bk, d), k_pages.dtype),
+                            pltpu.VMEM((2, hkv, bk, d), v_pages.dtype),
                             pltpu.SemaphoreType.DMA((2, 2)),
-                            pltpu.VMEM((rows, LANES), jnp.float32),
-                            pltpu.VMEM((rows, LANES), jnp.float32),
-                            pltpu.VMEM((rows, d), jnp.float32)],
+                            pltpu.VMEM((hkv, rows, LANES), jnp.float32),
+                            pltpu.VMEM((hkv, rows, LANES), jnp.float32),
+                            pltpu.VMEM((hkv, rows, d), jnp.float32)],
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
         cost_estimate=cost_estimate,
         name="ragged_paged_attention",
         interpret=interpret,
@@ -327,7 +351,7 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     """Causal attention of each sequence's new tokens to its paged context.
 
     q [T, Hq, D] (sequence s owns rows cu_q_lens[s]:cu_q_lens[s+1]); k_pages, v_pages
-    [Hkv, N, page_size, D]; kv_lens [S] context lengths (new tokens included);
+    [N, Hkv, page_size, D]; kv_lens [S] context lengths (new tokens included);
     page_table [S, P] page ids in order; cu_q_lens [S+1] non-decreasing; num_seqs [1]:
     only the first num_seqs sequences are live. Rows of no live sequence give 0.
     scale defaults to 1/sqrt(D). ``interpret``: None picks interpret mode off TPU; a
@@ -342,10 +366,10 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
             f"{k_pages.shape} {k_pages.dtype}, page_table {page_table.shape}); "
             f"use the XLA reference for these inputs")
     t, hq, d = q.shape
-    hkv, n, ps, _ = k_pages.shape
+    n, hkv, ps, _ = k_pages.shape
     s, p = page_table.shape
     rep = hq // hkv
-    blocks = blocks or choose_blocks(t, s, rep, ps, p, q.dtype)
+    blocks = blocks or choose_blocks(t, s, hkv, rep, ps, p, d, q.dtype)
     tp = _round_up(t, blocks.q_tokens)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     with jax.enable_x64(False):

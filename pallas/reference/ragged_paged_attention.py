@@ -32,17 +32,17 @@ def token_positions(kv_lens: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Arra
 def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                            kv_lens: jax.Array, page_table: jax.Array, cu_q_lens: jax.Array,
                            num_seqs: jax.Array, *, scale: float | None = None) -> jax.Array:
-    """Same contract as the kernel: q [T, Hq, D], k/v_pages [Hkv, N, page_size, D],
+    """Same contract as the kernel: q [T, Hq, D], k/v_pages [N, Hkv, page_size, D],
     kv_lens [S], page_table [S, P], cu_q_lens [S+1], num_seqs [1] -> [T, Hq, D]."""
     t, _, d = q.shape
-    hkv, _, ps, _ = k_pages.shape
+    _, hkv, ps, _ = k_pages.shape
     p = page_table.shape[1]
     seq, pos, live = token_positions(kv_lens, cu_q_lens, num_seqs, t)
     pages = page_table.astype(jnp.int32)[seq]                          # [T, P]
 
     def context(pages_arr):                                            # [T, Hkv, P*ps, D]
-        ctx = pages_arr[:, pages]                                      # [Hkv, T, P, ps, D]
-        return ctx.reshape(hkv, t, p * ps, d).transpose(1, 0, 2, 3)
+        ctx = pages_arr[pages]                                         # [T, P, Hkv, ps, D]
+        return ctx.transpose(0, 2, 1, 3, 4).reshape(t, hkv, p * ps, d)
 
     keep = (jnp.arange(p * ps)[None, :] <= pos[:, None]) & live[:, None]   # [T, L]
     # each token is a batch row of one query over its sequence's context

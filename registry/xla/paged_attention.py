@@ -18,7 +18,7 @@ from tpu_kernels.registry.decorator import tpu_kernel
 def _cpu_reference(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, scale=None):
     """Per sequence: its pages as one context, causal attention of its new tokens."""
     out = torch.zeros_like(q)
-    hkv, _, ps, d = k_pages.shape
+    _, hkv, ps, d = k_pages.shape
     rep = q.shape[1] // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     for s in range(min(int(num_seqs.reshape(-1)[0]), kv_lens.shape[0])):
@@ -26,8 +26,8 @@ def _cpu_reference(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs
         if q1 <= q0:
             continue
         pages = page_table[s, :-(-n // ps)].long()
-        k = k_pages[:, pages].reshape(hkv, -1, d)[:, :n].repeat_interleave(rep, 0).float()
-        v = v_pages[:, pages].reshape(hkv, -1, d)[:, :n].repeat_interleave(rep, 0).float()
+        k, v = (x[pages].transpose(0, 1).reshape(hkv, -1, d)[:, :n].repeat_interleave(rep, 0)
+                .float() for x in (k_pages, v_pages))
         qs = q[q0:q1].transpose(0, 1).float()                       # [Hq, q_len, D]
         pos = torch.arange(n - (q1 - q0), n)[:, None]
         mask = torch.arange(n)[None, :] <= pos
@@ -43,7 +43,7 @@ def ragged_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            scale: float | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens ``q [T, Hq, D]`` (sequence s owns
     rows ``cu_q_lens[s]:cu_q_lens[s+1]``) to its ``kv_lens[s]`` context tokens (new ones
-    included), kept in pages of ``k_pages, v_pages [Hkv, N, page_size, D]`` listed by
+    included), kept in pages of ``k_pages, v_pages [N, Hkv, page_size, D]`` listed by
     ``page_table [S, P]``; the first ``num_seqs [1]`` sequences are live, other rows give 0."""
     return rpa_ref.ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens,
                                           num_seqs, scale=scale)

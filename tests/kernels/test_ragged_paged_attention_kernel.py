@@ -46,7 +46,7 @@ def _case(q_lens, kv_lens, *, hq=4, hkv=2, d=128, ps=8, dtype=jnp.float32, max_s
 
     def rand(shape):
         return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
-    return (rand((t + extra_rows, hq, d)), rand((hkv, n, ps, d)), rand((hkv, n, ps, d)),
+    return (rand((t + extra_rows, hq, d)), rand((n, hkv, ps, d)), rand((n, hkv, ps, d)),
             jnp.asarray(kl.astype(idt)), jnp.asarray(table.astype(idt)),
             jnp.asarray(cu.astype(idt)), jnp.asarray([len(q_lens)], idt))
 
@@ -94,13 +94,13 @@ def test_op_through_the_registry_matches_the_torch_reference():
 
 
 def test_supports_reasons():
-    ok = ((8, 4, 128), "float32", (2, 10, 8, 128), "float32", (2, 10, 8, 128), "float32",
+    ok = ((8, 4, 128), "float32", (10, 2, 8, 128), "float32", (10, 2, 8, 128), "float32",
           (3,), (3, 5), (4,))
     assert rpa.supports(*ok) is None
-    assert "head_dim" in rpa.supports((8, 4, 64), "float32", (2, 10, 8, 64), "float32",
-                                      (2, 10, 8, 64), "float32", (3,), (3, 5), (4,))
-    assert "page_size" in rpa.supports((8, 4, 128), "bfloat16", (2, 10, 8, 128), "bfloat16",
-                                       (2, 10, 8, 128), "bfloat16", (3,), (3, 5), (4,))
+    assert "head_dim" in rpa.supports((8, 4, 64), "float32", (10, 2, 8, 64), "float32",
+                                      (10, 2, 8, 64), "float32", (3,), (3, 5), (4,))
+    assert "page_size" in rpa.supports((8, 4, 128), "bfloat16", (10, 2, 8, 128), "bfloat16",
+                                       (10, 2, 8, 128), "bfloat16", (3,), (3, 5), (4,))
     assert "multiple of kv heads" in rpa.supports((8, 3, 128), *ok[1:])
     assert "int8" in rpa.supports((8, 4, 128), "int8", *ok[2:])
     assert "kv_lens" in rpa.supports(*ok[:6], (3,), (3, 5), (3,))
@@ -109,16 +109,17 @@ def test_supports_reasons():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("rep", [1, 3, 4, 7, 8])
-def test_blocks_fill_tiles_and_fit_vmem(dtype, rep):
+@pytest.mark.parametrize("hkv,rep", [(8, 1), (8, 3), (8, 4), (4, 7), (1, 8), (16, 4)])
+def test_blocks_fill_tiles_and_fit_vmem(dtype, hkv, rep):
     sub = tpu_info.sublane(dtype)
-    for t, s, ps, p in [(256, 256, 16, 512), (1272, 256, 128, 64), (5, 2, 16, 4)]:
-        b = rpa.choose_blocks(t, s, rep, ps, p, dtype)
+    for t, s, ps, p, d in [(256, 256, 16, 512, 128), (1272, 256, 128, 64, 128),
+                           (4096, 16, 64, 128, 256), (5, 2, 16, 4, 128)]:
+        b = rpa.choose_blocks(t, s, hkv, rep, ps, p, d, dtype)
         assert (b.q_tokens * rep) % sub == 0 and 1 <= b.pages <= min(p, rpa.MAX_PAGES_PER_BLOCK)
         for gen in tpu_info.CHECKED_GENERATIONS:
-            assert rpa.vmem_bytes(b, rep, ps, 128, dtype) <= tpu_info.vmem_budget(
+            assert rpa.vmem_bytes(b, hkv, rep, ps, d, dtype) <= tpu_info.vmem_budget(
                 tpu_info.CHIPS[gen])
-    decode = rpa.choose_blocks(256, 256, rep, 16, 512, dtype)
+    decode = rpa.choose_blocks(256, 256, hkv, rep, 16, 512, 128, dtype)
     assert decode.q_tokens == sub // math.gcd(rep, sub)    # decode: the fewest tokens
 
 

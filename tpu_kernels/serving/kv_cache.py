@@ -1,7 +1,7 @@
 """A paged KV cache: fixed-size pages handed out to sequences from a free list.
 
-Each layer keeps K and V as ``[kv_heads, num_pages, page_size, head_dim]`` tensors (the
-layout ``tpu_kernels::ragged_paged_attention`` reads). Page 0 is never handed out: the
+Each layer keeps K and V as ``[num_pages, kv_heads, page_size, head_dim]`` tensors (the
+layout ``tpu_kernels::ragged_paged_attention`` reads: one page holds every kv head). Page 0 is never handed out: the
 padding rows of a step write their K/V there, so writes need no masking.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
                  page_size: int, dtype: torch.dtype, device: torch.device | str) -> None:
-        shape = (num_kv_heads, num_pages, page_size, head_dim)
+        shape = (num_pages, num_kv_heads, page_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.allocator = PageAllocator(num_pages, page_size)

@@ -118,8 +118,8 @@ class ModelRunner:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            k_cache[i][:, x.slot_page, x.slot_offset] = k.transpose(0, 1)
-            v_cache[i][:, x.slot_page, x.slot_offset] = v.transpose(0, 1)
+            k_cache[i][x.slot_page, :, x.slot_offset] = k        # [T, Hkv, D]
+            v_cache[i][x.slot_page, :, x.slot_offset] = v
             o = torch.ops.tpu_kernels.ragged_paged_attention(
                 q, k_cache[i], v_cache[i], x.kv_lens, x.page_table, x.cu_q_lens, x.num_seqs,
                 attn.scaling)

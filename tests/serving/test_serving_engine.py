@@ -63,7 +63,8 @@ def test_continuous_batching_matches_per_request_generate():
 
 
 def test_requests_arrive_between_steps():
-    model = _model(config=tf.Qwen3Config, cls=tf.Qwen3ForCausalLM, head_dim=16)  # q/k norms
+    model = _model(config=tf.Qwen3Config, cls=tf.Qwen3ForCausalLM, head_dim=16,  # q/k norms
+                   num_hidden_layers=1)
     prompts = _prompts([7, 4, 10, 6], seed=2)
     want = _greedy_cpu(model, prompts, 12)
     engine = Engine(copy.deepcopy(model).to("tpu"), EngineConfig(

@@ -7,7 +7,7 @@ kernel's static ``pl.CostEstimate``, an upper bound), and the modelled time of t
 workload's actual lengths: the work the kernel does (``ragged_paged_attention.cost``)
 against the chip's peak FLOP/s and HBM bandwidth (``pallas/tpu_info.py``).
 
-    python -m tpu_kernels.bench.paged_attention [--chips v5e,v6e,v7] [--workloads NAME,...]
+    python -m tpu_kernels.bench.paged_attention [--chips v5e,v6e,...] [--workloads NAME,...]
 """
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from jax._src import config as jax_config
 from tpu_kernels.pallas import ragged_paged_attention as rpa
 from tpu_kernels.pallas import tpu_info
 
-# libtpu compile-only topology per chip of the table (1x1 is refused: 2x2 is the smallest)
-TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1"}
+# libtpu compile-only topology per chip of the table (1x1 is refused: 2x2 is the smallest);
+# TPU7x is "v7" or "v7x" in the table
+TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1", "v7x": "tpu7x:2x2x1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _fmt(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chips", default=",".join(TOPOLOGIES))
+    ap.add_argument("--chips", default=",".join(tpu_info.CHECKED_GENERATIONS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--json", help="write the rows to this file")
     args = ap.parse_args(argv)

@@ -135,8 +135,9 @@ def test_cost_counts_fetched_pages_and_computed_rows():
 # -- real TPU compile (libtpu compile-only topologies) -------------------------------------
 # One serving-sized workload per chip in CI (page sizes 16, 64 and 128, bf16 and f32, 256
 # sequences, contexts up to 8192); every workload on every chip in the thorough run.
-CI_COMPILES = [("v5e", "decode_ctx8192_ps16_bf16"), ("v6e", "mixed_prefill_ps128_f32"),
-               ("v7", "decode_mixed_ps64_bf16")]
+CHIPS = tpu_info.CHECKED_GENERATIONS          # v5e, v6e, v7x
+CI_COMPILES = list(zip(CHIPS, ["decode_ctx8192_ps16_bf16", "mixed_prefill_ps128_f32",
+                               "decode_mixed_ps64_bf16"]))
 
 
 def _compile(chip, workload):
@@ -157,7 +158,7 @@ def test_compiles_for_tpu(chip, workload):
 
 
 @pytest.mark.thorough
-@pytest.mark.parametrize("chip", ["v5e", "v6e", "v7"])
+@pytest.mark.parametrize("chip", CHIPS)
 @pytest.mark.parametrize("workload", ["decode_ctx8192_ps16_bf16", "decode_mixed_ps64_bf16",
                                       "mixed_prefill_ps128_f32", "decode_ctx4096_ps32_f32_gqa7"])
 def test_compiles_for_tpu_every_workload(chip, workload):

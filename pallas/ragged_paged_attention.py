@@ -157,7 +157,8 @@ def cost(q_lens, kv_lens, num_q_heads: int, num_kv_heads: int, head_dim: int, dt
             nb = _cdiv(ctx, bk)
             flops += num_kv_heads * nb * 4 * rows * bk * head_dim
             exps += num_kv_heads * nb * rows * bk
-            kv_bytes += num_kv_heads * 2 * _cdiv(ctx, page_size) * page_size * head_dim * isz
+            pages = min(nb * blocks.pages, _cdiv(kl, page_size))   # whole kv blocks, to the end
+            kv_bytes += num_kv_heads * 2 * pages * page_size * head_dim * isz
         start = end
     qo_bytes = 2 * _round_up(start, blocks.q_tokens) * num_q_heads * head_dim * isz
     return {"flops": flops, "transcendentals": exps, "bytes": kv_bytes + qo_bytes}

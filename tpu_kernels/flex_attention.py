@@ -208,16 +208,20 @@ class _FlexFunction(torch.autograd.Function):
             out, lse, mx = FLEX_HOP(q, k, v, score_mod, block_mask, scale, kernel_options,
                                     score_bufs, mask_bufs)
         ctx.mark_non_differentiable(mx)
-        ctx.save_for_backward(q, k, v, out, lse, *score_bufs)
-        ctx.rest = (score_mod, block_mask, scale, kernel_options, mask_bufs)
+        tensors = [b for b in score_bufs if isinstance(b, torch.Tensor)]
+        ctx.save_for_backward(q, k, v, out, lse, *tensors)
+        ctx.rest = (score_mod, block_mask, scale, kernel_options, mask_bufs,
+                    [None if isinstance(b, torch.Tensor) else b for b in score_bufs])
         return out, lse, mx
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse, grad_max):
-        q, k, v, out, lse, *score_bufs = ctx.saved_tensors
-        score_mod, block_mask, scale, kernel_options, mask_bufs = ctx.rest
+        q, k, v, out, lse, *tensors = ctx.saved_tensors
+        score_mod, block_mask, scale, kernel_options, mask_bufs, numbers = ctx.rest
+        it = iter(tensors)
+        score_bufs = tuple(next(it) if n is None else n for n in numbers)
         dq, dk, dv, dbufs = FLEX_BWD_HOP(q, k, v, out, lse, grad_out, grad_lse, score_mod, None,
-                                         block_mask, scale, kernel_options, tuple(score_bufs),
+                                         block_mask, scale, kernel_options, score_bufs,
                                          mask_bufs)
         return (dq, dk, dv, None, None, None, None, None, *dbufs)
 

@@ -176,7 +176,9 @@ def _evaluate(mod: Mod, args: Sequence[Any], replace: dict) -> jax.Array:
         if node in replace:
             if node.op == "placeholder":
                 next(it)
-            env[node] = replace[node].astype(to_jax_dtype(mod.metas[node].dtype))
+            # 32-bit inside kernels (x64 off there): canonicalize, e.g. int64 -> int32
+            dt = jax.dtypes.canonicalize_dtype(to_jax_dtype(mod.metas[node].dtype))
+            env[node] = replace[node].astype(dt)
         elif node.op == "placeholder":
             env[node] = next(it)
         elif node.op == "get_attr":

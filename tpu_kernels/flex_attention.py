@@ -12,21 +12,25 @@ registers the tpu tensor's impls:
   (``registry/kernels/flex_attention.py``), else the dense XLA fallback, each as one
   jitted program per spec.
 
-Two adjustments to torch's Python code, both for tpu tensors only: the public
-function's device check lets "tpu" through, and in eager autograd the forward saves what
-the backward HOP needs directly instead of torch's per-call joint-graph trace (which
-makes real tensors for its example gradient and then mixes them with fake ones).
+Three adjustments to torch's Python code, each for tpu tensors only: the public
+function's device check lets "tpu" through; in eager autograd the forward saves what the
+backward HOP needs directly instead of torch's per-call joint-graph trace (which makes
+real tensors for its example gradient and then mixes them with fake ones); and the
+torch.compile that eager flex_attention runs its HOP through keeps static shapes (with
+automatic dynamic shapes, Dynamo fails on views of tpu tensors while building guards:
+"compound symbols should be cached before", "sources must not be empty for symbol").
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import math
+import threading
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import torch
 import torch.nn.attention.flex_attention as flex_api
 from torch._C import DispatchKey
@@ -68,26 +72,16 @@ def choose(impls: tuple[Impl, ...], spec: FlexSpec) -> Impl:
 
 # -- specs ------------------------------------------------------------------------------------
 def _buffers(bufs) -> tuple:
-    """Captured values: (shape, jax dtype name) per tensor, numbers as themselves."""
-    return tuple((tuple(b.shape), str(to_jax_dtype(b.dtype))) if isinstance(b, torch.Tensor)
-                 else b for b in bufs)
-
-
-def _torch_buffers(spec_bufs) -> list:
-    return [(c[0], _torch_dtype(c[1])) if isinstance(c, tuple) else c for c in spec_bufs]
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    from tpu_kernels.registry.dtypes import to_torch_dtype
-    return to_torch_dtype(jnp.dtype(name))
+    """Captured values: (shape, dtype) per tensor, numbers as themselves."""
+    return tuple((tuple(b.shape), b.dtype) if isinstance(b, torch.Tensor) else b for b in bufs)
 
 
 def spec_of(q, k, v, score_mod, block_mask, scale, score_bufs, mask_bufs,
             grads: tuple[bool, ...]) -> FlexSpec:
     """The static description of a flex_attention call (its mods traced once per function)."""
     sb, mb = _buffers(score_bufs), _buffers(mask_bufs)
-    score = flex_mods.lower(score_mod, "score", _torch_buffers(sb))
-    mask = flex_mods.lower(block_mask[-1], "mask", _torch_buffers(mb))
+    score = flex_mods.lower(score_mod, "score", sb)
+    mask = flex_mods.lower(block_mask[-1], "mask", mb)
     kv_num = block_mask[2]
     dtypes = {q.dtype, k.dtype, v.dtype}
     return FlexSpec(
@@ -108,14 +102,20 @@ def _arrays(ts) -> tuple:
                  to_jax(t) if isinstance(t, torch.Tensor) else None for t in ts)
 
 
+def _stat_unit(kernel_options) -> float:
+    """The HOPs' log-sum-exp and max are in log2 units (natural with BACKEND="FLASH")."""
+    return 1.0 if (kernel_options or {}).get("BACKEND") == "FLASH" else _LN2
+
+
 @functools.lru_cache(maxsize=512)
-def _program(impl: Impl, spec: FlexSpec, forward: bool):
+def _program(impl: Impl, spec: FlexSpec, forward: bool, unit: float):
     def run(*args):
-        res = impl.fn(spec, *args)
-        if forward:                 # the HOP's statistics are in log2 units
-            out, lse, mx = res
-            return out, lse / _LN2, mx / _LN2
-        return res
+        if forward:
+            out, lse, mx = impl.fn(spec, *args)
+            return out, lse / unit, mx / unit
+        q, k, v, out, lse, dout, dlse, *rest = args
+        return impl.fn(spec, q, k, v, out, lse * unit, dout,
+                       None if dlse is None else dlse / unit, *rest)
     return jax.jit(run)
 
 
@@ -144,7 +144,7 @@ def forward(q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs=()
     spec = spec_of(q, k, v, score_mod, block_mask, scale, score_bufs, mask_bufs, ())
     impl = choose(FORWARD_IMPLS, spec)
     RUNS[("flex_attention", impl.kind)] += 1
-    out, lse, mx = _program(impl, spec, True)(
+    out, lse, mx = _program(impl, spec, True, _stat_unit(kernel_options))(
         value(q), value(k), value(v), _tables(block_mask), _arrays(score_bufs), _arrays(mask_bufs))
     meta = _permute_strides(torch.empty(out.shape, dtype=q.dtype, device="meta"), q.stride())
     return wrap_result(out, meta), wrap(lse), wrap(mx)
@@ -178,10 +178,10 @@ def _backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, bloc
     spec = spec_of(q, k, v, fw_graph, block_mask, scale, score_bufs, mask_bufs, grads)
     impl = choose(BACKWARD_IMPLS, spec)
     RUNS[("flex_attention_backward", impl.kind)] += 1
-    dlse = None if grad_lse is None else value(grad_lse) / _LN2
-    dq, dk, dv, dbufs = _program(impl, spec, False)(
-        qa, value(k), value(v), value(out), value(lse) * _LN2,
-        None if grad_out is None else value(grad_out), dlse, _tables(block_mask),
+    dq, dk, dv, dbufs = _program(impl, spec, False, _stat_unit(kernel_options))(
+        qa, value(k), value(v), value(out), value(lse),
+        None if grad_out is None else value(grad_out),
+        None if grad_lse is None else value(grad_lse), _tables(block_mask),
         _arrays(score_bufs), _arrays(mask_bufs))
     wrapped = []
     for b, g in zip(score_bufs, dbufs):
@@ -237,12 +237,38 @@ def _autograd_impl(torch_impl):
     return impl
 
 
+class _Call(threading.local):
+    on_tpu = False     # the flex_attention call being set up has tpu inputs
+
+
+_CALL = _Call()
+
+
 def _validate_device(torch_check):
     def check(query, key, value):
-        if query.device.type != "tpu":
+        on_tpu = query.device.type == "tpu"
+        if not torch.compiler.is_compiling():    # Dynamo inlines this check: no state there
+            _CALL.on_tpu = on_tpu
+        if not on_tpu:
             torch_check(query, key, value)
     check.torch_check = torch_check
     return check
+
+
+def _compilation_env(torch_env):
+    """Eager flex_attention runs its HOP through torch.compile; for tpu inputs keep that
+    compile's shapes static (a recompile per shape, a few ms): Dynamo's dynamic shapes on
+    views of tpu tensors fail while building guards (see the module docstring)."""
+    @contextlib.contextmanager
+    def env():
+        with torch_env() as backend:
+            if not _CALL.on_tpu:
+                yield backend
+                return
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                yield backend
+    env.torch_env = torch_env
+    return env
 
 
 def _pass_through(hop, mode, *args):
@@ -265,9 +291,11 @@ def install() -> None:
     from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
     for hop in (FLEX_HOP, FLEX_BWD_HOP):
         hop.py_impl(_AnalyzeCustomOpInputOutputMode)(functools.partial(_pass_through, hop))
-    FLEX_HOP.py_kernels[DispatchKey.Autograd] = _autograd_impl(FLEX_HOP.py_kernels[DispatchKey.Autograd])
+    kernels = FLEX_HOP.py_kernels
+    kernels[DispatchKey.Autograd] = _autograd_impl(kernels[DispatchKey.Autograd])
     FLEX_HOP._dispatch_cache.clear()
     flex_api._validate_device = _validate_device(flex_api._validate_device)
+    flex_api.setup_compilation_env = _compilation_env(flex_api.setup_compilation_env)
 
 
 install()

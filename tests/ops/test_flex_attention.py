@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from tpu_kernels import flex_attention as tpu_flex
 from tpu_kernels import registry
@@ -89,7 +89,7 @@ class Case:
 
 CASES = [
     Case("softcap", "causal", hkv=1, hq=4, lse=True, ci=("pallas",)),
-    Case("bias", "document", sq=200, skv=300, d=80, block=64, ci=("xla", "pallas")),
+    Case("bias", "document", sq=200, skv=300, d=80, block=64, scale=0.2, ci=("xla", "pallas")),
     Case("head_scale", "sliding", dtype=torch.bfloat16, d=128, block=256, ci=("pallas",)),
     Case("alibi", "prefix_lm", scale=0.3, block=(128, 64), hq=4, hkv=2, ci=()),
     Case("relpos", "random_hash", sq=130, skv=190, ci=()),
@@ -97,7 +97,7 @@ CASES = [
     Case("alibi", "sliding", dtype=torch.bfloat16, d=80, sq=192, skv=192, lse=True, ci=()),
     Case("bias", "causal", dtype=torch.bfloat16, hq=4, hkv=2, ci=()),
     Case("softcap", "document", block=256, ci=()),
-    Case("rel_table", "causal", refusal="indexed by computed values", ci=("pallas",)),
+    Case("rel_table", "prefix_lm", refusal="indexed by computed values", ci=("pallas",)),
     Case("none", "random_table", refusal="indexed by computed values", ci=("xla",)),
 ]
 
@@ -225,7 +225,7 @@ def test_compiled_training_step_matches_eager():
     """Under torch.compile(backend="tpu") flex_attention is a HOP node of the forward and
     backward graphs; both run through the same impls as eager."""
     c = Case("alibi", "sliding", hq=4, hkv=2)
-    q, k, v, sbufs, mbufs = _inputs(c)
+    q, k, v, sbufs, _ = _inputs(c)
     slopes = _tpu(sbufs[0], True)
     bm = create_block_mask(_mask(MASKS["sliding"][0], []), None, None, c.sq, c.skv, device="tpu")
 
@@ -246,6 +246,9 @@ def test_compiled_training_step_matches_eager():
 
 
 def test_untraceable_score_mod_names_the_problem():
+    # flex_attention's own torch.compile turns dynamic after other shapes in this process,
+    # and then Dynamo refuses .item() itself: start from a fresh Dynamo, as a program does
+    torch._dynamo.reset()
     q = torch.randn(1, 1, 16, 8, device="tpu")
 
     def data_dependent(s, b, h, qi, ki):

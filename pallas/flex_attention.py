@@ -44,6 +44,7 @@ _TN = (((0,), (0,)), ((), ()))        # a^T @ b
 _SUPPORTED = ("float32", "bfloat16")
 _TARGET = {128: (256, 512), 256: (512, 512)}     # tile targets by MXU width
 _BIG_BLOCK = 1 << 20                  # mask blocks this large mean "no block mask"
+SMEM_TABLE_BUDGET = 512 * 1024        # bytes of scalar-prefetched tables (SMEM is ~1 MiB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,8 @@ def vmem_bytes(bq: int, bk: int, dqk: int, dv: int, dtype, n_reads: int) -> int:
     stat = bq * LANES * 4
     reads = 2 * n_reads * bq * bk * 4
     tmp = 8 * bq * bk * 4
-    fwd = 2 * (bq * dqk + bk * dqk + bk * dv + bq * dv) * isz + 4 * stat + 2 * stat + bq * dv * 4
+    # q, k, v, o blocks; lse and max outputs; m, l and acc scratch
+    fwd = 2 * (bq * dqk + bk * dqk + bk * dv + bq * dv) * isz + 6 * stat + bq * dv * 4
     dq = 2 * (2 * bq * dqk + bk * dqk + bk * dv + bq * dv) * isz + 4 * stat + bq * dqk * 4
     dkv = 2 * (bq * dqk + bq * dv + 2 * bk * dqk + 2 * bk * dv) * isz + 4 * stat + bk * (dqk + dv) * 4
     return max(fwd, dq, dkv) + reads + tmp
@@ -152,8 +154,6 @@ def supports(q_shape, k_shape, v_shape, dtype, tiling: Tiling, n_reads: int = 0,
         return f"tiles {tiling.bq}x{tiling.bk} need {need >> 20} MiB VMEM on {chip.name}"
     return None
 
-
-SMEM_TABLE_BUDGET = 512 * 1024
 
 
 # --- kernel bodies ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from torch.nn.attention.flex_attention import create_block_mask  # noqa: E402
+from torch.nn.attention.flex_attention import (  # noqa: E402
+    _create_empty_block_mask, create_block_mask)
 
 from tpu_kernels.flex_attention import spec_of  # noqa: E402
 from tpu_kernels.pallas import tpu_info  # noqa: E402
@@ -35,6 +36,7 @@ VARIANTS = {   # name -> (score_mod, mask_mod, score bufs, mask bufs)
                       lambda b, h, q, kv: (q >= kv) & (q - kv < 1024), (_SLOPES,), ()),
     "document_scale": (lambda s, b, h, q, kv, w: s * w[h],
                        lambda b, h, q, kv, d: (d[q] == d[kv]) & (q >= kv), (_SLOPES,), (_DOC,)),
+    "no_mask_softcap": (lambda s, b, h, q, kv: 30 * torch.tanh(s / 30), None, (), ()),
     "random_bias": (lambda s, b, h, q, kv, bias: s + bias[h, q, kv],     # a learned [H, S, S] bias
                     lambda b, h, q, kv: ((q // 128) * 7 + (kv // 128) * 3) % 5 < 2,
                     (torch.empty(H, S, S, device="meta"),), ()),
@@ -45,6 +47,8 @@ CI = {("v5e", "causal_softcap"), ("v6e", "sliding_alibi"), ("v7", "document_scal
 @functools.lru_cache(maxsize=None)
 def _block_mask(name: str):
     _, mask, _, mbufs = VARIANTS[name]
+    if mask is None:            # what flex_attention uses without a block_mask: one block
+        return _create_empty_block_mask(torch.empty(1, device="meta"), None)
     return create_block_mask(lambda b, h, q, kv: mask(b, h, q, kv, *mbufs), None, None, S, S,
                              device="cpu")
 
@@ -79,15 +83,15 @@ def test_compiles_forward_and_backward_at_8192(chip, name, monkeypatch, no_compi
     bm = _block_mask(name)
     q = torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(B, HKV, S, D, dtype=torch.bfloat16, device="meta")
-    spec = spec_of(q, kv, kv, score, bm.as_tuple()[:-1] + (mask,), D ** -0.5, sbufs, mbufs,
-                   tuple(b.is_floating_point() for b in sbufs))
+    spec = spec_of(q, kv, kv, score, bm.as_tuple()[:-1] + (mask or bm.mask_mod,), D ** -0.5,
+                   sbufs, mbufs, tuple(b.is_floating_point() for b in sbufs))
     assert binding.supports_backward(spec) is None
 
     def sds(t, shape=None, dtype=None):
         return jax.ShapeDtypeStruct(tuple(shape or t.shape), dtype or to_jax_dtype(t.dtype),
                                     sharding=sharding)
-    tables = tuple(sds(t) for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
-                                    bm.full_kv_indices))
+    tables = tuple(None if t is None else sds(t) for t in (
+        bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices))
     qs, kvs, lse = sds(q), sds(kv), sds(None, (B, H, S), jnp.float32)
     sb, mb = tuple(sds(t) for t in sbufs), tuple(sds(t) for t in mbufs)
 

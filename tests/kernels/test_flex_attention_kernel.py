@@ -93,10 +93,11 @@ def _rand(key, shape, dtype=jnp.float32):
     return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(dtype)
 
 
+@pytest.mark.thorough   # ~25 s of interpret mode; CI runs the same reads via tests/ops
 def test_gqa_odd_lengths_with_captured_reads_and_their_gradients():
-    """4 q heads over 2 kv heads, sq 90 / skv 200 (tiles pad), a document mask read by q and
-    kv, a per-head scale (gradient summed per row) and a bias read per (h, q, kv) (gradient
-    per tile), against the dense reference's vjp."""
+    """The JAX API (custom_vjp): 4 q heads over 2 kv heads, sq 90 / skv 200 (tiles pad), a
+    document mask read by q and kv, a per-head scale (gradient summed per row) and a bias
+    read per (h, q, kv) (gradient per tile), against the dense reference's vjp."""
     b, hq, hkv, sq, skv, d = 1, 4, 2, 90, 200, 64
     q, k, v, g = (_rand(i, s) for i, s in enumerate([(b, hq, sq, d), (b, hkv, skv, d),
                                                       (b, hkv, skv, d), (b, hq, sq, d)]))

@@ -133,9 +133,11 @@ def _analyse(gm, n_lead: int, bufs, metas):
         if node.op == "get_attr":
             continue
         val = metas.get(node)
-        if isinstance(val, torch.Tensor) and val.dim() != 0 and node.target is not torch.ops.aten.index.Tensor:
-            refusal = refusal or f"{node.target} makes a {val.dim()}-d value (only per-entry math tiles)"
-        read = node.target is torch.ops.aten.index.Tensor and node.args[0] in buf_pos
+        is_index = node.target is _aten.index.Tensor
+        if isinstance(val, torch.Tensor) and val.dim() != 0 and not is_index:
+            refusal = refusal or (f"{node.target} makes a {val.dim()}-d value "
+                                  f"(only per-entry math tiles)")
+        read = is_index and node.args[0] in buf_pos
         if read:
             base, index = node.args[0], node.args[1]
             dims = tuple(names.get(i) for i in index)
@@ -260,13 +262,3 @@ def _xla_impl(op, margs, mkw):
         if impl.kind == "xla" and not impl.data_dependent and impl.check(*margs, **mkw) is None:
             return impl
     raise NotImplementedError(f"flex_attention: a mod uses {op}, which has no XLA lowering")
-
-
-def per_entry(fn: Callable, n_axes: int) -> Callable:
-    """``fn`` of per-entry scalars, vmapped over ``n_axes`` leading axes of every argument
-    (every argument already broadcast to the same shape)."""
-    for _ in range(n_axes):
-        fn = jax.vmap(fn)
-    return fn
-
-

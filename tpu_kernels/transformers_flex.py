@@ -10,7 +10,8 @@ devices keep transformers' own path.
     import transformers, tpu_kernels
     from tpu_kernels import transformers_flex
     transformers_flex.enable()
-    model = transformers.LlamaForCausalLM(config).to("tpu")   # config._attn_implementation = "flex_attention"
+    config._attn_implementation = "flex_attention"
+    model = transformers.LlamaForCausalLM(config).to("tpu")
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def enable() -> None:
     masking, hf_flex = mods[3], mods[4]
     for mod in (masking, hf_flex):       # names they import only when flex is available
         mod.BlockMask = flex_api.BlockMask
-        mod.create_block_mask = _block_mask_maker(getattr(mod, "create_block_mask", flex_api.create_block_mask))
+        hf_create = getattr(mod, "create_block_mask", flex_api.create_block_mask)
+        mod.create_block_mask = _block_mask_maker(hf_create)
     hf_flex.flex_attention = flex_api.flex_attention
     hf_flex.flex_default_block_size = flex_api._DEFAULT_SPARSE_BLOCK_SIZE
     hf_flex.AuxRequest = getattr(flex_api, "AuxRequest", None)

@@ -23,7 +23,7 @@ from tpu_kernels.pallas.reference import flex_attention as dense
 from tpu_kernels.registry.core import DEFAULT_PRIORITY, Impl
 from tpu_kernels.registry.xla.flex_mods import Mod
 
-Buffers = tuple  # per captured value: (shape, jax dtype name) for a tensor, else the number
+Buffers = tuple    # per captured value: (shape, torch dtype) for a tensor, else the number
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ _inplace_meta.install()
 from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
 
 _compile_backend.register()
+from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (flex_attention HOPs on tpu)
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402

@@ -3,9 +3,7 @@ JSON matches its schema, a user op shows up, the chart is written, model_ops tra
 from __future__ import annotations
 
 import json
-import os
 
-import jax.numpy as jnp
 import pytest
 import torch
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hypothesis import settings
@@ -1027,7 +1027,6 @@ def creation(draw, op):
 def random_op(draw, op):
     full = str(op)
     name = full.split(".")[1]
-    ov = full.split(".")[2]
     sch = op._schema
     dtype = draw(dtypes(FLOATS))
     size = list(draw(shapes()))

@@ -21,19 +21,26 @@ import json
 import os
 import pkgutil
 import platform
+import statistics
 import sys
 import time
 from typing import Any, Callable, Iterable
 
+import jax
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from tpu_kernels import registry
+from tpu_kernels.bench import defs, peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
+from tpu_kernels.bench.timing import sync
+from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.registry.kinds import KERNEL_KINDS
+from tpu_kernels.testing import tol
 
 RESULTS = os.path.join(".tpu_kernels", "bench.json")
 PLOTS = os.path.join(".tpu_kernels", "bench")
 FORMAT = 1
-KERNEL_KINDS = ("pallas", "helion")
 SETTLE_S = 0.15
 HEADER_NOTE = ("tpu impls are timed through the tpu device in eager mode (tensors on tpu, the op "
                "called with the impl forced, synchronised with block_until_ready): the times "
@@ -44,14 +51,11 @@ HEADER_NOTE = ("tpu impls are timed through the tpu device in eager mode (tensor
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "f16": torch.float16}
-# Relative error (max |a - b| / max |b|) accepted by the correctness check, per dtype.
-TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 # -- definitions -------------------------------------------------------------------------------
 def load_benchmarks() -> list[KernelBench]:
     """Every ``BENCHMARKS`` entry of ``tpu_kernels.bench.defs.*``."""
-    from tpu_kernels.bench import defs
     out: list[KernelBench] = []
     for m in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
         if m.name.startswith("_"):
@@ -91,14 +95,8 @@ def select(benches: Iterable[KernelBench], kernel: str | None = None, shape: str
     return out
 
 
-def resolve_op(name: str) -> Any:
-    ns, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, ns), op), overload)
-
-
 # -- timing ------------------------------------------------------------------------------------
 def _sync(out: Any) -> None:
-    from tpu_kernels.bench.timing import sync
     for t in tree_flatten(out)[0]:
         sync(t)
 
@@ -114,7 +112,6 @@ def measure(call: Callable[[], Any], sync_of: Callable[[Any], list], *, warmup: 
     """Time ``call``: the first call (compile included), then ``warmup`` calls, then up to
     ``iters`` timed calls (at least 3, fewer than ``iters`` once ``budget_s`` is spent).
     Returns the stats and the first call's result."""
-    import statistics
     t0 = time.perf_counter()
     first_out = call()
     _sync(sync_of(first_out))
@@ -134,10 +131,23 @@ def measure(call: Callable[[], Any], sync_of: Callable[[Any], list], *, warmup: 
              "compile_s": max(first - med, 0.0), "n": len(times)}, first_out)
 
 
-def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | str:
+def check_outputs(got: list[torch.Tensor], ref: list[torch.Tensor], dtype: torch.dtype) -> dict:
+    """``got`` against the CPU reference with the kernel tolerances of ``dtype`` (the one
+    table, ``testing.TOLERANCES``), each output's error measured against its largest
+    value: ok when ``max|got - ref| <= atol + rtol * max|ref|``. ``rel_err`` is the worst
+    ``max|got - ref| / max|ref|``."""
+    t = tol(dtype, kernel=True)
+    err = _rel_err(got, ref, t)
+    if isinstance(err, str):
+        return {"ok": False, "note": err}
+    rel, ok = err
+    return {"ok": ok, "rel_err": rel, "atol": t["atol"], "rtol": t["rtol"]}
+
+
+def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor], t: dict) -> tuple[float, bool] | str:
     if len(got) != len(ref):
         return f"{len(got)} outputs, expected {len(ref)}"
-    worst = 0.0
+    worst, ok = 0.0, True
     # integer outputs next to float ones are indices (topk, max.dim): ties may pick other
     # indices legitimately, so only the float outputs are judged then
     any_float = any(r.is_floating_point() for r in ref)
@@ -150,16 +160,19 @@ def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | str:
         if g.numel() == 0:
             continue
         if not r.is_floating_point():
-            worst = max(worst, float((g != r).any()))
+            differ = bool((g != r).any())
+            worst, ok = max(worst, float(differ)), ok and not differ
             continue
         g, r = g.double(), r.double()
         finite = torch.isfinite(r)
         if not torch.equal(finite, torch.isfinite(g)):
             return "non-finite values differ"
         if finite.any():
-            scale = r[finite].abs().max().item() or 1.0
-            worst = max(worst, (g[finite] - r[finite]).abs().max().item() / scale)
-    return worst
+            scale = r[finite].abs().max().item()
+            diff = (g[finite] - r[finite]).abs().max().item()
+            worst = max(worst, diff / (scale or 1.0))
+            ok = ok and diff <= t["atol"] + t["rtol"] * scale
+    return worst, ok
 
 
 # -- one case ------------------------------------------------------------------------------------
@@ -181,8 +194,16 @@ def impl_label(impl: Any) -> str:
     return f"{impl.kind}:{impl.name}"
 
 
+def op_id(bench: KernelBench) -> str:
+    """The op as results files and the coverage report name it (``aten.mm.default``)."""
+    try:
+        return str(bench.overload())
+    except ValueError:
+        return bench.op
+
+
 def _result(bench: KernelBench, c: Case, impl: str, kind: str, **kw: Any) -> dict:
-    r = {"kernel": bench.name, "op": bench.op, "case": c.label, "dims": dict(c.dims),
+    r = {"kernel": bench.name, "op": op_id(bench), "case": c.label, "dims": dict(c.dims),
          "dtype": str(c.dtype).replace("torch.", ""), "impl": impl, "kind": kind,
          "flops": float(bench.flops(c)), "bytes": float(bench.bytes(c))}
     r.update(kw)
@@ -220,18 +241,14 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
              warmup: int, iters: int, budget_s: float, device_peak, cpu_peak,
              emit: Callable[[dict], None]) -> list[dict]:
     """Every selected impl of ``bench.op`` on case ``c``, then torch on the CPU."""
-    from tpu_kernels import registry
-    from tpu_kernels.pallas.tpu_info import on_tpu
-
     try:
-        op = resolve_op(bench.op)
-    except (AttributeError, RuntimeError, ValueError) as exc:   # a definition ahead of its op
+        op = bench.overload()
+    except ValueError as exc:   # a definition ahead of its op
         r = _result(bench, c, "none", "none", device="-", mode="-", status="skipped",
                     reason=f"op {bench.op} is not defined ({type(exc).__name__})")
         emit(r)
         return [r]
     args, kwargs = bench.make_args(c)
-    tol = TOLERANCE.get(c.dtype, 2e-3)
     results: list[dict] = []
 
     def done(r: dict) -> None:
@@ -280,7 +297,7 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
                          reason="off TPU: kernels run only in interpret mode (pass --interpret)",
                          **base))
             continue
-        refusal = impl.check(*meta_args, **meta_kwargs)
+        refusal = _refusal(impl, op, meta_args, meta_kwargs, is_kernel)
         if refusal:
             done(_result(bench, c, label, impl.kind, status="skipped",
                          reason=f"refused: {refusal}", **base))
@@ -307,9 +324,7 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
                     f_args, f_kwargs = tree_map(_to_tpu, args), tree_map(_to_tpu, kwargs)
                     with registry.force(impl, interpret=is_kernel):
                         got = _outputs(op(*f_args, **f_kwargs), f_args)
-                err = _rel_err(got, ref)
-                check = ({"ok": err <= tol, "rel_err": err, "tol": tol} if isinstance(err, float)
-                         else {"ok": False, "note": err})
+                check = check_outputs(got, ref, c.dtype)
             r = _result(bench, c, label, impl.kind, status="ok", check=check, **stats, **base)
             _add_rates(r, device_peak)
             if cpu_result.get("median_s") and mode == "compiled":
@@ -323,6 +338,16 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     return results
 
 
+def _refusal(impl: Any, op: Any, meta_args: tuple, meta_kwargs: dict, is_kernel: bool) -> str | None:
+    """Why the route would not run ``impl`` for this case while it is forced, or None."""
+    with registry.force(impl, interpret=is_kernel):
+        r = registry.route(op, meta_args, meta_kwargs)
+    if r.impl is impl:
+        return None
+    why = next((why for i, why in r.skipped if i is impl), f"the route takes {r.kind} {r.impl}")
+    return why.removeprefix("forced, but refuses: ")
+
+
 # -- the whole run ---------------------------------------------------------------------------------
 def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | None = None,
         impl: str | None = None, quick: bool = False, interpret: bool = False,
@@ -330,13 +355,9 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         warmup: int | None = None, iters: int | None = None, out=print,
         progress=None) -> dict:
     """Run the selected benchmarks; print the table; write JSON and plots. Returns the run."""
-    from tpu_kernels.bench import peaks, report
-
     if progress is None:
         def progress(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
-    import tpu_kernels  # noqa: F401  (the tpu device)
-
     pairs = select(load_benchmarks(), kernel, shape, dtype, quick)
     wanted = [w.strip() for w in impl.split(",")] if impl else None
     warmup = (1 if quick else 3) if warmup is None else warmup
@@ -388,7 +409,6 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
 
 
 def _jax_version() -> str:
-    import jax
     return jax.__version__
 
 

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from tpu_kernels.tensor import TpuTensor, value
+
 
 def sync(x: Any) -> None:
     """Block until every tpu tensor (or jax array) in ``x`` is computed."""
@@ -14,8 +16,7 @@ def sync(x: Any) -> None:
         for y in x:
             sync(y)
         return
-    if hasattr(x, "_tpu_storage"):
-        from tpu_kernels.tensor import value
+    if isinstance(x, TpuTensor):
         value(x).block_until_ready()
     elif hasattr(x, "block_until_ready"):
         x.block_until_ready()

@@ -19,7 +19,6 @@ import datetime
 import importlib
 import json
 import os
-import pkgutil
 import platform
 import statistics
 import sys
@@ -31,10 +30,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tpu_kernels import registry
-from tpu_kernels.bench import defs, peaks, report
+from tpu_kernels.bench import peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
 from tpu_kernels.bench.timing import sync
 from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.registry import manifest
 from tpu_kernels.registry.kinds import KERNEL_KINDS
 from tpu_kernels.testing import tol
 
@@ -55,14 +55,18 @@ DTYPES = {"float32": torch.float32, "f32": torch.float32, "fp32": torch.float32,
 
 # -- definitions -------------------------------------------------------------------------------
 def load_benchmarks() -> list[KernelBench]:
-    """Every ``BENCHMARKS`` entry of ``tpu_kernels.bench.defs.*``."""
+    """Every kernel's ``KernelBench`` entries, from the kernel manifest's bench modules."""
     out: list[KernelBench] = []
-    for m in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
-        if m.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{defs.__name__}.{m.name}")
-        out.extend(getattr(mod, "BENCHMARKS", ()))
+    for name in manifest.bench_modules():
+        out.extend(importlib.import_module(name).BENCHMARKS)
     return out
+
+
+def kernel_cases(k: manifest.Kernel) -> list[tuple[KernelBench, Case]]:
+    """(KernelBench, Case) pairs of kernel ``k``: the shapes it is written for (those not
+    marked ``quick`` are the production ones a real TPU compile should check)."""
+    benches = importlib.import_module(k.bench_module).BENCHMARKS
+    return [(b, c) for b in benches if b.name in k.bench for c in b.cases]
 
 
 def select(benches: Iterable[KernelBench], kernel: str | None = None, shape: str | None = None,

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from tpu_kernels.bench.runner import load_benchmarks
+from tpu_kernels.bench.runner import load_benchmarks, op_id
 from tpu_kernels.coverage.export import export_check
 from tpu_kernels.coverage.inputs import pick, typical_input
 from tpu_kernels.coverage.results import (RESULTS_DIR, bench_speed, file_state, load_json, parity_status,
@@ -33,7 +33,7 @@ def kernel_inputs(op: Any, inp) -> list[tuple[tuple, dict, str]]:
     kernel was written for), then the typical input."""
     out = []
     for b in load_benchmarks():
-        if b.op == str(op):
+        if op_id(b) == str(op):
             for c in sorted(b.cases, key=lambda c: not c.quick)[:4]:
                 a, kw = b.make_args(c)
                 out.append((a, kw, c.label + " " + str(c.dtype).replace("torch.", "")))

@@ -20,7 +20,6 @@ import importlib
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from typing import Any, Callable, Iterable
@@ -32,11 +31,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 from tpu_kernels import registry
 from tpu_kernels.bench import peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
-from tpu_kernels.bench.timing import sync
+from tpu_kernels.bench.correctness import check_outputs
+from tpu_kernels.bench.timing import measure_call, outputs, sync_all
 from tpu_kernels.pallas.tpu_info import on_tpu
 from tpu_kernels.registry import manifest
 from tpu_kernels.registry.kinds import KERNEL_KINDS
-from tpu_kernels.testing import tol
 
 RESULTS = os.path.join(".tpu_kernels", "bench.json")
 PLOTS = os.path.join(".tpu_kernels", "bench")
@@ -97,86 +96,6 @@ def select(benches: Iterable[KernelBench], kernel: str | None = None, shape: str
                 continue
             out.append((b, c))
     return out
-
-
-# -- timing ------------------------------------------------------------------------------------
-def _sync(out: Any) -> None:
-    for t in tree_flatten(out)[0]:
-        sync(t)
-
-
-def _outputs(result: Any, args: Any) -> list[torch.Tensor]:
-    """The tensors an op produced: its results, or (in-place ops returning nothing) its args."""
-    ts = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-    return ts or [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
-
-
-def measure(call: Callable[[], Any], sync_of: Callable[[Any], list], *, warmup: int, iters: int,
-            budget_s: float) -> tuple[dict[str, float], Any]:
-    """Time ``call``: the first call (compile included), then ``warmup`` calls, then up to
-    ``iters`` timed calls (at least 3, fewer than ``iters`` once ``budget_s`` is spent).
-    Returns the stats and the first call's result."""
-    t0 = time.perf_counter()
-    first_out = call()
-    _sync(sync_of(first_out))
-    first = time.perf_counter() - t0
-    for _ in range(warmup):
-        _sync(sync_of(call()))
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < iters:
-        t0 = time.perf_counter()
-        _sync(sync_of(call()))
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    med = statistics.median(times)
-    return ({"first_s": first, "median_s": med, "min_s": min(times), "max_s": max(times),
-             "compile_s": max(first - med, 0.0), "n": len(times)}, first_out)
-
-
-def check_outputs(got: list[torch.Tensor], ref: list[torch.Tensor], dtype: torch.dtype) -> dict:
-    """``got`` against the CPU reference with the kernel tolerances of ``dtype`` (the one
-    table, ``testing.TOLERANCES``), each output's error measured against its largest
-    value: ok when ``max|got - ref| <= atol + rtol * max|ref|``. ``rel_err`` is the worst
-    ``max|got - ref| / max|ref|``."""
-    t = tol(dtype, kernel=True)
-    err = _rel_err(got, ref, t)
-    if isinstance(err, str):
-        return {"ok": False, "note": err}
-    rel, ok = err
-    return {"ok": ok, "rel_err": rel, "atol": t["atol"], "rtol": t["rtol"]}
-
-
-def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor], t: dict) -> tuple[float, bool] | str:
-    if len(got) != len(ref):
-        return f"{len(got)} outputs, expected {len(ref)}"
-    worst, ok = 0.0, True
-    # integer outputs next to float ones are indices (topk, max.dim): ties may pick other
-    # indices legitimately, so only the float outputs are judged then
-    any_float = any(r.is_floating_point() for r in ref)
-    for g, r in zip(got, ref):
-        if any_float and not r.is_floating_point():
-            continue
-        g = g.detach().cpu()
-        if tuple(g.shape) != tuple(r.shape):
-            return f"shape {tuple(g.shape)} != {tuple(r.shape)}"
-        if g.numel() == 0:
-            continue
-        if not r.is_floating_point():
-            differ = bool((g != r).any())
-            worst, ok = max(worst, float(differ)), ok and not differ
-            continue
-        g, r = g.double(), r.double()
-        finite = torch.isfinite(r)
-        if not torch.equal(finite, torch.isfinite(g)):
-            return "non-finite values differ"
-        if finite.any():
-            scale = r[finite].abs().max().item()
-            diff = (g[finite] - r[finite]).abs().max().item()
-            worst = max(worst, diff / (scale or 1.0))
-            ok = ok and diff <= t["atol"] + t["rtol"] * scale
-    return worst, ok
 
 
 # -- one case ------------------------------------------------------------------------------------
@@ -267,13 +186,13 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     # CPU, torch's intra-op threads otherwise wait for scheduler ticks (ms-sized stalls).
     time.sleep(SETTLE_S)
     try:
-        stats, out = measure(lambda: op(*cpu_args, **cpu_kwargs),
+        stats, out = measure_call(lambda: op(*cpu_args, **cpu_kwargs),
                              lambda o: [], warmup=warmup, iters=iters, budget_s=budget_s)
-        ref = [t.clone() for t in _outputs(out, cpu_args)]
+        ref = [t.clone() for t in outputs(out, cpu_args)]
         # in-place ops returning nothing: the reference is the state after ONE call
         if not [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]:
             one_args, one_kwargs = tree_map(_clone, args), tree_map(_clone, kwargs)
-            ref = [t.clone() for t in _outputs(op(*one_args, **one_kwargs), one_args)]
+            ref = [t.clone() for t in outputs(op(*one_args, **one_kwargs), one_args)]
         r = _result(bench, c, "torch_cpu", "torch_cpu", device="cpu", mode="torch-cpu",
                     status="ok", **stats)
         _add_rates(r, cpu_peak)
@@ -308,18 +227,18 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
             continue
         try:
             t_args, t_kwargs = tree_map(_to_tpu, args), tree_map(_to_tpu, kwargs)
-            _sync([t_args, t_kwargs])
+            sync_all([t_args, t_kwargs])
             with registry.force(impl, interpret=is_kernel):
                 def call():
                     return op(*t_args, **t_kwargs)
 
                 def outs(o):
-                    return _outputs(o, t_args)
+                    return outputs(o, t_args)
                 if mode == "interpret":
-                    stats, out = measure(call, outs, warmup=0, iters=1, budget_s=0.0)
+                    stats, out = measure_call(call, outs, warmup=0, iters=1, budget_s=0.0)
                 else:
-                    stats, out = measure(call, outs, warmup=warmup, iters=iters, budget_s=budget_s)
-            got = _outputs(out, t_args)
+                    stats, out = measure_call(call, outs, warmup=warmup, iters=iters, budget_s=budget_s)
+            got = outputs(out, t_args)
             if ref is None:
                 check = {"ok": None, "note": f"no CPU reference ({ref_error})"}
             else:
@@ -327,7 +246,7 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
                     # in-place op: compare the state after one call on fresh tensors
                     f_args, f_kwargs = tree_map(_to_tpu, args), tree_map(_to_tpu, kwargs)
                     with registry.force(impl, interpret=is_kernel):
-                        got = _outputs(op(*f_args, **f_kwargs), f_args)
+                        got = outputs(op(*f_args, **f_kwargs), f_args)
                 check = check_outputs(got, ref, c.dtype)
             r = _result(bench, c, label, impl.kind, status="ok", check=check, **stats, **base)
             _add_rates(r, device_peak)

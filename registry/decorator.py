@@ -77,6 +77,10 @@ def tpu_kernel(*ops: Any, kind: str = "user", supports: Callable[..., Any] | Non
     def deco(fn: Callable) -> Callable:
         for op_name in ops:
             if _is_new_op(op_name):
+                if kind != "user":   # built-in kernels bind to declared ops only
+                    raise ValueError(
+                        f"@tpu_kernel({op_name!r}, kind={kind!r}): no such op; declare it first "
+                        f"(registry.declare_op; this library's ops: registry/custom_ops/library.py)")
                 return _declare_and_add(op_name, fn, kind, supports, priority, custom)
             op = resolve_overload(op_name)
             if custom:

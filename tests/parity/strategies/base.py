@@ -213,6 +213,19 @@ class Unsupported(Exception):
 _DEFAULT = object()
 
 
+class FromSpec:
+    """A value built from a ``Spec`` (the subclass's ``build`` says how), with its dtype and shape."""
+    spec: Spec
+
+    @property
+    def dtype(self):
+        return self.spec.dtype
+
+    @property
+    def shape(self):
+        return self.spec.shape
+
+
 @dataclasses.dataclass(frozen=True)
 class _OnCpu:
     """A tensor torch wants on the CPU whatever the device (``_foreach_*`` scalars)."""

@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 
-from strategies.base import (ALL, BF16, BOOL, Case, F16, F32, FLOATS, I32, I64, INTS, Spec, Unsupported,
+from strategies.base import (ALL, BF16, BOOL, Case, F16, F32, FLOATS, I32, I64, INTS, FromSpec, Spec, Unsupported,
     dtypes, scalar_for, shapes, tensors)
 from strategies.elementwise import kthvalue
 from strategies.shapes import raise_reject
@@ -206,17 +206,9 @@ def sorting(draw, op):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Sorted:
+class _Sorted(FromSpec):
     """A sorted 1-D tensor (searchsorted boundaries)."""
     spec: Spec
-
-    @property
-    def dtype(self):
-        return self.spec.dtype
-
-    @property
-    def shape(self):
-        return self.spec.shape
 
     def build(self, device="cpu"):
         t = self.spec.build("cpu").sort().values

@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 
-from strategies.base import (BF16, Case, F32, FLOATS, I32, I64, Spec, Unsupported, broadcast_to, dtypes,
+from strategies.base import (BF16, Case, F32, FLOATS, FromSpec, I32, I64, Spec, Unsupported, broadcast_to, dtypes,
     shapes, tensors, thorough)
 
 # -- losses ----------------------------------------------------------------------------------------------
@@ -91,20 +91,12 @@ def linalg(draw, op):
 
 
 @dataclasses.dataclass(frozen=True)
-class _WellConditioned:
+class _WellConditioned(FromSpec):
     """A square matrix made well conditioned: triangular with a dominant diagonal,
     symmetric positive definite, or diagonally dominant."""
     spec: Spec
     kind: str
     upper: bool
-
-    @property
-    def dtype(self):
-        return self.spec.dtype
-
-    @property
-    def shape(self):
-        return self.spec.shape
 
     def build(self, device="cpu"):
         a = self.spec.build("cpu").to(torch.float64)

@@ -23,7 +23,13 @@ from typing import Any, Callable
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from tpu_kernels import registry
 from tpu_kernels.bench.timing import measure
+from tpu_kernels.flex_attention import spec_of
+from tpu_kernels.pallas import flex_attention as fk
+from tpu_kernels.pallas import flex_blocks as fb
+from tpu_kernels.pallas import tpu_info
+from tpu_kernels.registry.bindings import flex_attention as binding
 
 MASKS: dict[str, Callable[[int], Callable]] = {
     "causal": lambda n: (lambda b, h, q, kv: q >= kv),
@@ -47,9 +53,6 @@ def _softcap(s, b, h, q, kv):
 def skipped(seq: int) -> list[dict]:
     import jax.numpy as jnp
 
-    from tpu_kernels.pallas import flex_attention as fk
-    from tpu_kernels.pallas import flex_blocks as fb
-    from tpu_kernels.pallas import tpu_info
     rows = []
     for name, make in MASKS.items():
         bm = create_block_mask(make(seq), None, None, seq, seq, device="cpu")
@@ -66,7 +69,6 @@ def skipped(seq: int) -> list[dict]:
 
 # -- 2. timings ------------------------------------------------------------------------------------
 def timings(b: int = 1, h: int = 4, s: int = 512, d: int = 64) -> list[dict]:
-    from tpu_kernels import registry
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, generator=g) for _ in range(3))
     mask = MASKS["causal"](s)
@@ -113,10 +115,6 @@ def compiled(seq: int, masks: list[dict], heads: int = 8, kv_heads: int = 2, d: 
     import jax.numpy as jnp
     from jax.experimental.topologies import get_topology_desc
 
-    from tpu_kernels.flex_attention import spec_of
-    from tpu_kernels.pallas import flex_attention as fk
-    from tpu_kernels.pallas import tpu_info
-    from tpu_kernels.registry.kernels import flex_attention as binding
     jax.config.update("jax_enable_compilation_cache", False)   # compile-only executables
     rows = []
     for chip_name, topo in TOPOLOGY.items():
@@ -169,7 +167,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     a = ap.parse_args(argv)
-    import tpu_kernels  # noqa: F401  (the tpu device)
     masks = skipped(a.seq)
     print(f"\n1. work skipped at seq {a.seq} (tiles fetched / dense grid, from the block tables)")
     for r in masks:

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 
+from tpu_kernels.pallas.tpu_info import on_tpu
+
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 # 64-bit inputs are accepted and cast to their 32-bit counterpart by the wrappers.
 _DOWNCAST = {
@@ -43,14 +45,6 @@ _env_lock = threading.Lock()
 # (kernel name, config, interpret, signature) -> seconds spent in the first call
 # (Helion type propagation + codegen + Pallas trace). Read by tests / reports.
 COMPILE_TIMES: dict[tuple, float] = {}
-
-
-@functools.lru_cache(maxsize=None)
-def on_tpu() -> bool:
-    try:
-        return jax.default_backend() == "tpu"
-    except Exception:  # pragma: no cover - backend init failure
-        return False
 
 
 def interpret_mode() -> bool:

@@ -5,8 +5,11 @@ roofline (peak bf16 FLOP/s, HBM bandwidth). Figures are public vendor numbers pe
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from typing import Iterator
 
 import jax
 
@@ -60,9 +63,25 @@ def on_tpu() -> bool:
     return jax.default_backend() == "tpu"
 
 
+_TARGETING_TPU: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_kernels_targeting_tpu", default=False)
+
+
+@contextlib.contextmanager
+def targeting_tpu() -> Iterator[None]:
+    """Within the block, kernels called with ``interpret=None`` take their TPU (Mosaic)
+    path even off TPU: for lowering them for TPU on a machine without one."""
+    token = _TARGETING_TPU.set(True)
+    try:
+        yield
+    finally:
+        _TARGETING_TPU.reset(token)
+
+
 def resolve_interpret(interpret: bool | None) -> bool:
-    """``None`` means: interpret off TPU, compile on TPU."""
-    return (not on_tpu()) if interpret is None else interpret
+    """``None`` means: interpret off TPU, compile on TPU (or inside ``targeting_tpu()``)."""
+    if interpret is not None:
+        return interpret
+    return not (on_tpu() or _TARGETING_TPU.get())
 
 
 @functools.cache

@@ -4,28 +4,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tpu_kernels import coverage, demo
+from tpu_kernels.bench import runner
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpu_kernels")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small GPT on CPU and on tpu, side by side")
-    demo.add_argument("--steps", type=int, default=10)
-
-    from tpu_kernels.bench import runner
+    demo_args = sub.add_parser("demo", help="train a small GPT on CPU and on tpu, side by side")
+    demo_args.add_argument("--steps", type=int, default=10)
     bench = sub.add_parser("bench", help="per-kernel microbenchmarks (every impl vs torch on the CPU)",
                            description=runner.__doc__.split("\n\n")[0])
     runner.add_arguments(bench)
-
-    from tpu_kernels import coverage
     cov = sub.add_parser("coverage", help="op coverage report: targets, impls, parity, speed",
-                         description=coverage.__doc__.split("\n\n")[0])
+                         description=coverage.cli.DESCRIPTION)
     coverage.add_arguments(cov)
 
     args = parser.parse_args(argv)
     if args.command == "demo":
-        import tpu_kernels  # noqa: F401
-        from tpu_kernels import demo as demo_mod
-        demo_mod.main(args.steps)
+        demo.main(args.steps)
         return 0
     if args.command == "bench":
         return runner.main_args(args)

@@ -9,7 +9,7 @@ registers the tpu tensor's impls:
   Dynamo/AOTAutograd record it with its score/mask graphs;
 - on real tpu tensors (eager, or a compiled graph's nodes inside its jax.jit) the call
   becomes a ``FlexSpec`` and runs the first impl that accepts it: the Pallas kernel
-  (``registry/kernels/flex_attention.py``), else the dense XLA fallback, each as one
+  (``registry/bindings/flex_attention.py``), else the dense XLA fallback, each as one
   jitted program per spec.
 
 Three adjustments to torch's Python code, each for tpu tensors only: the public
@@ -37,14 +37,17 @@ from torch._C import DispatchKey
 from torch._higher_order_ops.flex_attention import _permute_strides
 from torch.utils._pytree import tree_map
 
-from tpu_kernels import errors, traced
+from tpu_kernels import errors
 from tpu_kernels.registry.core import REGISTRY, Impl
 from tpu_kernels.registry.dtypes import to_jax_dtype
-from tpu_kernels.registry.kernels.flex_attention import PALLAS_BACKWARD, PALLAS_FORWARD
+from tpu_kernels.registry.bindings.flex_attention import PALLAS_BACKWARD, PALLAS_FORWARD
 from tpu_kernels.registry.xla import flex_mods
 from tpu_kernels.registry.xla.flex_attention import (FLEX_BWD_HOP, FLEX_HOP, XLA_BACKWARD,
                                                      XLA_FORWARD, FlexSpec)
-from tpu_kernels.tensor import TpuTensor, to_jax, value, wrap, wrap_result
+from tpu_kernels import tensor as tensor_mod
+from tpu_kernels.dispatch.results import wrap_result
+from tpu_kernels.storage import to_jax
+from tpu_kernels.tensor import TpuTensor, value, wrap
 
 log = logging.getLogger(__name__)
 _LN2 = math.log(2.0)
@@ -123,17 +126,17 @@ def _program(impl: Impl, spec: FlexSpec, forward: bool, unit: float):
 def _on_shadows(hop, args: tuple) -> Any:
     """While torch.compile traces: run ``hop`` on the shadows; wrap its tpu results."""
     def unwrap(a):
-        return traced.shadow(a) if isinstance(a, TpuTensor) else a
+        return a._tpu_shadow if isinstance(a, TpuTensor) else a
 
     def rewrap(o):
         if isinstance(o, torch.Tensor) and not isinstance(o, TpuTensor) and o.device.type == "tpu":
-            return traced.traced(TpuTensor, o)
+            return TpuTensor._traced(o)
         return o
     return tree_map(rewrap, hop(*tree_map(unwrap, args)))
 
 
 def _is_traced(args: tuple) -> bool:
-    return traced.is_traced(args, {}, TpuTensor)
+    return tensor_mod._is_traced(args, {})
 
 
 def forward(q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs=(), mask_bufs=()):

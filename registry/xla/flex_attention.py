@@ -4,7 +4,7 @@ The flex_attention higher-order ops take callables, so their impls are not entri
 the ATen op table: each impl is an ``Impl`` whose ``op`` is the HOP, called as
 ``fn(spec, *arrays)`` with a hashable ``FlexSpec`` (shapes, mods, block-mask geometry)
 and checked with ``supports(spec)``. This module holds the spec and the dense impls,
-which close the impl list (the Pallas kernel, ``registry/kernels/flex_attention.py``,
+which close the impl list (the Pallas kernel, ``registry/bindings/flex_attention.py``,
 comes first). The math follows torch's CPU path (``pallas/reference/flex_attention.py``):
 every entry's mask_mod decides (the block tables are only a hint), the backward is the
 vjp of the dense forward, including the captured tensors' gradients.

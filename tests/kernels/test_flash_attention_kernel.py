@@ -11,8 +11,8 @@ from tpu_kernels.pallas import flash_attention as fa
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.export_check import lower_for_tpu
 from tpu_kernels.pallas.reference import flash_attention as ref
+from tpu_kernels.testing import tol
 
-TOL = {jnp.float32: dict(atol=2e-5, rtol=1e-4), jnp.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
 def _rand(key, shape, dtype):
@@ -34,7 +34,7 @@ def _check_fwd_bwd(shape, dtype, mask=None, causal=False, block=None, scale=None
     for name, x, y in zip(("out", "dq", "dk", "dv"), (out_k, *vjp_k(g)), (out_r, *vjp_r(g))):
         assert x.shape == y.shape and x.dtype == y.dtype, name
         np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                                   err_msg=name, **TOL[dtype])
+                                   err_msg=name, **tol(dtype, kernel=True))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -76,8 +76,8 @@ def test_fwd_returns_logsumexp():
     s = jnp.einsum("bhqd,bhkd->bhqk", q, jnp.repeat(k, 2, 1),
                    precision=jax.lax.Precision.HIGHEST) / 8.0
     s = jnp.where(jnp.tril(jnp.ones((33, 77), bool)), s, -jnp.inf)
-    np.testing.assert_allclose(lse, jax.nn.logsumexp(s, axis=-1), atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(out, ref.attention(q, k, v, causal=True), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(lse, jax.nn.logsumexp(s, axis=-1), **tol(jnp.float32, kernel=True))
+    np.testing.assert_allclose(out, ref.attention(q, k, v, causal=True), **tol(jnp.float32, kernel=True))
 
 
 def test_supports_reasons():

@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import (  # noqa: E402
 from tpu_kernels.flex_attention import spec_of  # noqa: E402
 from tpu_kernels.pallas import tpu_info  # noqa: E402
 from tpu_kernels.registry.dtypes import to_jax_dtype  # noqa: E402
-from tpu_kernels.registry.kernels import flex_attention as binding  # noqa: E402
+from tpu_kernels.registry.bindings import flex_attention as binding  # noqa: E402
 
 B, H, HKV, S, D = 1, 8, 2, 8192, 128
 TOPOLOGY = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1"}

@@ -13,8 +13,8 @@ from tpu_kernels.pallas import grouped_matmul as gm
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.export_check import lower_for_tpu
 from tpu_kernels.pallas.reference import grouped_matmul as ref
+from tpu_kernels.testing import tol
 
-TOL = {jnp.float32: dict(atol=1e-4, rtol=1e-4), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 SMALL = (128, 128, 128)     # several row tiles on tiny problems
 
 
@@ -26,7 +26,7 @@ def _rand(key, shape, dtype):
 def _close(x, y, dtype, name=""):
     assert x.shape == y.shape and x.dtype == y.dtype, name
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                               err_msg=name, **TOL[dtype])
+                               err_msg=name, **tol(dtype, kernel=True))
 
 
 def _check(m, k, n, sizes, dtype=jnp.float32, block=None):

@@ -14,8 +14,8 @@ from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 
 from tpu_kernels.helion_kernels import cumsum as K  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-4), jnp.bfloat16: dict(rtol=1.6e-2, atol=5e-2)}
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -26,7 +26,7 @@ def test_cumsum_parity(shape, dtype):
     assert y.dtype == dtype and y.shape == shape
     # reference: f32 prefix sums of the (rounded) inputs, rounded to the output dtype
     ref = torch.cumsum(_t(x), -1).to(torch.bfloat16 if dtype == jnp.bfloat16 else torch.float32)
-    torch.testing.assert_close(_t(y), ref.float(), **TOL[dtype])
+    torch.testing.assert_close(_t(y), ref.float(), **tol(dtype, kernel=True))
 
 
 def test_cumsum_ones_exact_and_dtype_arg():

@@ -13,8 +13,8 @@ import torch.nn.functional as F  # noqa: E402
 from tpu_kernels.helion_kernels import glu as K  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
 def _rand(seed, shape, dtype):
@@ -22,9 +22,9 @@ def _rand(seed, shape, dtype):
 
 
 def _close(got, want, dtype, atol_scale=1.0):
-    tol = dict(TOL[dtype])
-    tol["atol"] *= atol_scale
-    torch.testing.assert_close(_t(got), want.detach().float(), **tol)
+    t = tol(dtype, kernel=True)
+    t["atol"] *= atol_scale
+    torch.testing.assert_close(_t(got), want.detach().float(), **t)
 
 
 _REF = {

@@ -12,8 +12,8 @@ import torch  # noqa: E402
 from tpu_kernels.helion_kernels import layer_norm as K  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=2e-5, atol=3e-5), jnp.bfloat16: dict(rtol=2e-2, atol=3e-2)}
 EPS = 1e-5
 
 
@@ -22,7 +22,7 @@ def _rand(seed, shape, dtype, shift=0.0):
 
 
 def _close(got, want, dtype):
-    torch.testing.assert_close(_t(got), want.detach().float(), **TOL[dtype])
+    torch.testing.assert_close(_t(got), want.detach().float(), **tol(dtype, kernel=True))
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

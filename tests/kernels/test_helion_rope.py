@@ -13,12 +13,12 @@ import torch  # noqa: E402
 from tpu_kernels.helion_kernels import rope as K  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
 def _close(got, want, dtype):
-    torch.testing.assert_close(_t(got), want.detach().float(), **TOL[dtype])
+    torch.testing.assert_close(_t(got), want.detach().float(), **tol(dtype, kernel=True))
 
 
 def _tables(s, d, interleaved):

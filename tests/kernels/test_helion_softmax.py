@@ -12,8 +12,8 @@ import torch  # noqa: E402
 from tpu_kernels.helion_kernels import softmax as K  # noqa: E402
 from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=2e-5, atol=2e-6), jnp.bfloat16: dict(rtol=2e-2, atol=1e-2)}
 
 
 def _rand(seed, shape, dtype, scale=3.0):
@@ -21,7 +21,7 @@ def _rand(seed, shape, dtype, scale=3.0):
 
 
 def _close(got, want, dtype):
-    torch.testing.assert_close(_t(got), want.detach().float(), **TOL[dtype])
+    torch.testing.assert_close(_t(got), want.detach().float(), **tol(dtype, kernel=True))
 
 
 def _check(shape, dtype, log, block_cols=None):

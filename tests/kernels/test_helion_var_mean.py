@@ -13,8 +13,8 @@ from tpu_kernels.helion_kernels import tpu_lowering  # noqa: E402
 
 from tpu_kernels.helion_kernels import var_mean as K  # noqa: E402
 from helpers import torch_f32 as _t  # noqa: E402
+from tpu_kernels.testing import tol  # noqa: E402
 
-TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 
 
 @pytest.mark.parametrize("correction", [0, 1])
@@ -25,12 +25,12 @@ def test_var_mean_parity(shape, dtype, correction):
     v, m = jax.jit(lambda a: K.var_mean(a, correction))(x)
     assert v.dtype == m.dtype == dtype and v.shape == shape[:-1]
     rv, rm = torch.var_mean(_t(x), -1, correction=correction)
-    torch.testing.assert_close(_t(v), rv, **TOL[dtype])
-    torch.testing.assert_close(_t(m), rm, **TOL[dtype])
+    torch.testing.assert_close(_t(v), rv, **tol(dtype, kernel=True))
+    torch.testing.assert_close(_t(m), rm, **tol(dtype, kernel=True))
     s = K.std(x, correction, keepdim=True)
     assert s.shape == shape[:-1] + (1,)
-    torch.testing.assert_close(_t(s), torch.std(_t(x), -1, correction=correction, keepdim=True), **TOL[dtype])
-    torch.testing.assert_close(_t(K.var(x, correction)), rv, **TOL[dtype])
+    torch.testing.assert_close(_t(s), torch.std(_t(x), -1, correction=correction, keepdim=True), **tol(dtype, kernel=True))
+    torch.testing.assert_close(_t(K.var(x, correction)), rv, **tol(dtype, kernel=True))
 
 
 @pytest.mark.filterwarnings("ignore:var_mean")

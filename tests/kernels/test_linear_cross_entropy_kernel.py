@@ -15,12 +15,12 @@ from tpu_kernels.pallas import linear_cross_entropy as lce
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.export_check import lower_for_tpu
 from tpu_kernels.pallas.reference import linear_cross_entropy as ref
+from tpu_kernels.testing import tol
 
 jax.config.update("jax_enable_x64", True)
 
 THOROUGH = os.environ.get("TPU_KERNELS_HYPOTHESIS_PROFILE") == "thorough"
 thorough = [pytest.mark.thorough, pytest.mark.skipif(not THOROUGH, reason="thorough sweep")]
-TOL = {"float32": dict(atol=5e-5, rtol=5e-5), "bfloat16": dict(atol=3e-2, rtol=3e-2)}
 
 
 def _f32(x):
@@ -42,12 +42,12 @@ def _check(n, h, vocab, dtype, chunk=None, **kw):
     tw = torch.tensor(_f32(w), requires_grad=True)
     want = torch.nn.functional.cross_entropy(th @ tw.T, torch.tensor(t), **kw)
     want.backward(torch.tensor(cot))
-    tol = TOL[jnp.dtype(dtype).name]
-    np.testing.assert_allclose(_f32(loss), want.detach().numpy(), **tol)
-    np.testing.assert_allclose(_f32(dh), th.grad.numpy(), **tol)
-    np.testing.assert_allclose(_f32(dw), tw.grad.numpy(), **tol)
+    close = tol(dtype, kernel=True)
+    np.testing.assert_allclose(_f32(loss), want.detach().numpy(), **close)
+    np.testing.assert_allclose(_f32(dh), th.grad.numpy(), **close)
+    np.testing.assert_allclose(_f32(dw), tw.grad.numpy(), **close)
     r = ref.linear_cross_entropy(hid, w, jnp.asarray(t), **kw)
-    np.testing.assert_allclose(_f32(loss), _f32(r), **tol)
+    np.testing.assert_allclose(_f32(loss), _f32(r), **close)
 
 
 @pytest.mark.parametrize("n,h,vocab,dtype,chunk,kw", [

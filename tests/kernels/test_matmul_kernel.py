@@ -11,8 +11,8 @@ from tpu_kernels.pallas import matmul as mm
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.export_check import lower_for_tpu
 from tpu_kernels.pallas.reference import matmul as ref
+from tpu_kernels.testing import tol
 
-TOL = {jnp.float32: dict(atol=1e-4, rtol=1e-4), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 DTYPES = [jnp.float32, jnp.bfloat16]
 
 
@@ -23,7 +23,7 @@ def _rand(key, shape, dtype):
 
 def _close(x, y, dtype):
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                               **TOL[dtype])
+                               **tol(dtype, kernel=True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

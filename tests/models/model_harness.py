@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tpu_kernels.testing import TOLERANCES
 
-F32 = TOLERANCES[torch.float32]  # (atol, rtol) for float32 from the library's table
+F32 = tuple(TOLERANCES[torch.float32])  # (atol, rtol) for float32 from the library's table
 
 
 @dataclasses.dataclass

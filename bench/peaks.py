@@ -71,8 +71,8 @@ def device_peak() -> Peak:
     import jax
     backend = jax.default_backend()
     if backend == "tpu":
-        from tpu_kernels.pallas.tpu_info import current_chip
-        return table_peak(current_chip().name)
+        from tpu_kernels.pallas.tpu_info import device_chip
+        return table_peak(device_chip().name)
     if backend in ("gpu", "cuda", "rocm"):
         from tpu_kernels.pallas.tpu_info import GPUS
         kind = jax.devices()[0].device_kind

@@ -115,8 +115,8 @@ class Registry:
         if impl.kind in st.disabled:
             return f"kind {impl.kind!r} disabled"
         if impl.kind in KERNEL_KINDS and not st.interpret:
-            from tpu_kernels.pallas.tpu_info import on_tpu
-            if not on_tpu():
+            from tpu_kernels.pallas.tpu_info import target
+            if target().interpret:    # off TPU, and not compiling for a chip
                 return "no TPU: kernels run off TPU only in interpret mode (TPU_KERNELS_INTERPRET=1)"
         return None
 

@@ -23,6 +23,7 @@ from torch._ops import OpOverload
 from tpu_kernels import deferred_mode as deferred, errors, random_state
 from tpu_kernels.deferred_mode import force
 from tpu_kernels.lru import LRU
+from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import Call, OutMeta, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
@@ -239,7 +240,9 @@ TRACES: dict[Any, int] = {}   # op -> number of times an impl was traced for it
 
 
 def _mode_token() -> tuple:
-    return (REGISTRY.epoch, torch.get_float32_matmul_precision(), errors.INDEX_CHECKS)
+    # the chip kernels compile for (tpu_kernels.aot) changes which impl runs and its blocks
+    return (REGISTRY.epoch, torch.get_float32_matmul_precision(), errors.INDEX_CHECKS,
+            tpu_info.pinned())
 
 
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:

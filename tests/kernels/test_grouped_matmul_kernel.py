@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 from tpu_kernels.pallas import grouped_matmul as gm
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.export_check import lower_for_tpu
+from helpers import tpu_compile
 from tpu_kernels.pallas.reference import grouped_matmul as ref
 
 TOL = {jnp.float32: dict(atol=1e-4, rtol=1e-4), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -113,12 +113,11 @@ def test_supports_reasons():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("m,k,n,g", [(512, 1024, 2048, 8), (300, 70, 129, 4)])
-def test_lowers_for_tpu(dtype, m, k, n, g):
-    lhs, rhs = jnp.zeros((m, k), dtype), jnp.zeros((g, k, n), dtype)
-    gs = jnp.zeros((g,), jnp.int32)
-    lower_for_tpu(partial(gm.ragged_dot, interpret=False), lhs, rhs, gs)
-    loss = lambda a, b, s: gm.ragged_dot(a, b, s, interpret=False).sum()
-    lower_for_tpu(jax.grad(loss, argnums=(0, 1)), lhs, rhs, gs)
+def test_compiles_for_tpu(dtype, m, k, n, g):
+    S = jax.ShapeDtypeStruct
+    loss = lambda a, b, s: gm.ragged_dot(a, b, s).astype(jnp.float32).sum()  # noqa: E731
+    tpu_compile(jax.value_and_grad(loss, argnums=(0, 1)), S((m, k), dtype), S((g, k, n), dtype),
+                S((g,), jnp.int32), kernels=3)
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)

@@ -6,7 +6,9 @@ STAMP   := $(VENV)/.installed
 # torch is pinned: a CPU wheel of exactly this version lies on every machine; anything
 # else downloads a multi-GB CUDA build.
 PINS    := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 helion==1.5.1
-TESTDEPS := numpy hypothesis pytest pytest-xdist expecttest transformers matplotlib
+# libtpu: the TPU compiler, compile-only here (tests compile every kernel for v5e/v6e/v7x);
+# the release jax 0.10.2 pairs with (jax's own `tpu` extra).
+TESTDEPS := numpy hypothesis pytest pytest-xdist expecttest transformers matplotlib 'libtpu==0.0.42.*'
 JOBS    ?= 2
 
 .PHONY: demo test test-thorough bench coverage clean

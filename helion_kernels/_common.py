@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost  # noqa: F401  (the kernel modules' cost helper)
+from tpu_kernels.pallas.tpu_info import round_up
 
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 # 64-bit inputs are accepted and cast to their 32-bit counterpart by the wrappers.
@@ -81,11 +83,11 @@ def _sig(a: Any) -> Any:
     return a
 
 
-def launch(fn: Callable, config: dict[str, Any], *args: Any, cost: pl.CostEstimate,
+def launch(fn: Callable, config: dict[str, Any], *args: Any, estimate: pl.CostEstimate,
            settings: dict[str, Any] | None = None) -> Any:
     """Run Helion kernel ``fn`` with a fixed ``config`` (and optional extra Helion
-    ``settings``) on JAX arrays (or tracers), for ``tpu_info.target()``; ``cost`` is the
-    kernel's ``pl.CostEstimate`` for these arguments."""
+    ``settings``) on JAX arrays (or tracers), for ``tpu_info.target()``; ``estimate`` is
+    the kernel's ``pl.CostEstimate`` for these arguments."""
     interp = tpu_info.target().interpret
     frozen = _freeze(config)
     kern = _build(fn, frozen, interp, _freeze(settings or {}))
@@ -93,13 +95,13 @@ def launch(fn: Callable, config: dict[str, Any], *args: Any, cost: pl.CostEstima
         _forget_vmem_capacity()
     key = (fn.__name__, frozen, interp, tuple(_sig(a) for a in args))
     t0 = time.perf_counter()
-    out = _named_call(kern.jax_fn, args, "helion" + fn.__name__.removesuffix("_kernel"), cost)
+    out = _named_call(kern.jax_fn, args, "helion" + fn.__name__.removesuffix("_kernel"), estimate)
     COMPILE_TIMES.setdefault(key, time.perf_counter() - t0)
     return out
 
 
-def _named_call(jax_fn: Callable, args: tuple, name: str, cost: pl.CostEstimate) -> Any:
-    """``jax_fn(*args)`` with ``name`` and ``cost`` set on the Pallas kernel(s) it makes."""
+def _named_call(jax_fn: Callable, args: tuple, name: str, estimate: pl.CostEstimate) -> Any:
+    """``jax_fn(*args)`` with ``name`` and ``estimate`` set on the Pallas kernel(s) it makes."""
     arrays = [i for i, a in enumerate(args) if hasattr(a, "shape") and hasattr(a, "dtype")]
 
     def on_arrays(*xs):
@@ -111,9 +113,9 @@ def _named_call(jax_fn: Callable, args: tuple, name: str, cost: pl.CostEstimate)
     specs = [jax.ShapeDtypeStruct(args[i].shape, args[i].dtype) for i in arrays]
     closed, shape = jax.make_jaxpr(on_arrays, return_shape=True)(*specs)
     calls = _count_calls(closed.jaxpr)
-    share = cost if calls <= 1 else pl.CostEstimate(
-        flops=cost.flops // calls, transcendentals=cost.transcendentals // calls,
-        bytes_accessed=cost.bytes_accessed // calls)
+    share = estimate if calls <= 1 else pl.CostEstimate(
+        flops=estimate.flops // calls, transcendentals=estimate.transcendentals // calls,
+        bytes_accessed=estimate.bytes_accessed // calls)
     annotated = closed.replace(jaxpr=_annotate(closed.jaxpr, name, share))
     with jax.named_scope(name):     # the compiled program names the kernel after it
         flat = jex_core.jaxpr_as_fun(annotated)(*(args[i] for i in arrays))
@@ -140,24 +142,19 @@ def _count_calls(jaxpr: Any) -> int:
     return n
 
 
-def _annotate(jaxpr: Any, name: str, cost: pl.CostEstimate) -> Any:
+def _annotate(jaxpr: Any, name: str, estimate: pl.CostEstimate) -> Any:
     eqns = []
     for eqn in jaxpr.eqns:
         if _is_kernel(eqn):
-            eqns.append(eqn.replace(params={**eqn.params, "cost_estimate": cost, "name": name}))
+            eqns.append(eqn.replace(params={**eqn.params, "cost_estimate": estimate,
+                                            "name": name}))
             continue
         params = dict(eqn.params)
         for k, v in _sub_jaxprs(params):
-            params[k] = (v.replace(jaxpr=_annotate(v.jaxpr, name, cost))
-                         if isinstance(v, jex_core.ClosedJaxpr) else _annotate(v, name, cost))
+            params[k] = (v.replace(jaxpr=_annotate(v.jaxpr, name, estimate))
+                         if isinstance(v, jex_core.ClosedJaxpr) else _annotate(v, name, estimate))
         eqns.append(eqn.replace(params=params))
     return jaxpr.replace(eqns=eqns)
-
-
-def cost(flops: float, bytes_accessed: float, transcendentals: float = 0) -> pl.CostEstimate:
-    """A ``pl.CostEstimate`` from (possibly float) counts."""
-    return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
-                           bytes_accessed=int(bytes_accessed))
 
 
 def nbytes(*arrays: Any) -> int:
@@ -248,10 +245,6 @@ def col_block(cols: int, hi: int = 2048) -> int:
 def next_pow2(n: int) -> int:
     n = max(int(n), 1)
     return 1 << (n - 1).bit_length()
-
-
-def round_up(n: int, m: int) -> int:
-    return -(-int(n) // m) * m
 
 
 def reduce_tiles(rows: int, cols: int, max_rows: int = 256) -> tuple[int, int, int, int]:

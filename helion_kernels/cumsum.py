@@ -48,5 +48,5 @@ def cumsum(x, dim: int = -1, dtype=None):
     x2 = x.reshape(-1, n)
     rows = x2.shape[0]
     y = launch(_cumsum_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2,
-               cost=cost(2 * x2.size, 2 * nbytes(x2)))
+               estimate=cost(2 * x2.size, 2 * nbytes(x2)))
     return y.reshape(x.shape)

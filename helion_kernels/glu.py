@@ -134,7 +134,7 @@ def gated_fwd(a, b, act: str):
     b = compute_dtype(jnp.asarray(b)).astype(a.dtype)
     a2, b2 = _rows(a), _rows(b)
     out = launch(_gated_fwd_kernel, _cfg(*a2.shape), a2, b2, _ACTS[act],
-                 cost=cost(8 * a2.size, 3 * nbytes(a2), a2.size))
+                 estimate=cost(8 * a2.size, 3 * nbytes(a2), a2.size))
     return _unrows(out, a.shape)
 
 
@@ -144,7 +144,7 @@ def gated_bwd(dy, a, b, act: str):
     dy = compute_dtype(jnp.asarray(dy)).astype(a.dtype)
     a2 = _rows(a)
     da, db = launch(_gated_bwd_kernel, _cfg(*a2.shape), _rows(dy), a2, _rows(b), _ACTS[act],
-                    cost=cost(16 * a2.size, 5 * nbytes(a2), 2 * a2.size))
+                    estimate=cost(16 * a2.size, 5 * nbytes(a2), 2 * a2.size))
     return _unrows(da, a.shape), _unrows(db, a.shape)
 
 

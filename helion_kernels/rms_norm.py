@@ -77,7 +77,7 @@ def _column_sum(kernel, dy2, x2, r2):
     bm, bn, rp, cp = reduce_tiles(rows, n)
     cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
     out = launch(kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp), pad2(r2, rp, 1),
-                 cost=cost(3 * rp * cp, 2 * nbytes(x2)))
+                 estimate=cost(3 * rp * cp, 2 * nbytes(x2)))
     return out[:n]
 
 
@@ -110,7 +110,7 @@ def rms_norm_fwd(x, weight=None, eps=None, normalized_ndim=None):
         eps = float(jnp.finfo(x.dtype).eps)
     x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
     out, rstd = launch(_rms_fwd_kernel, _row_cfg(rows, n), x2, w2, float(eps),
-                       cost=cost(4 * x2.size, 2 * nbytes(x2), rows))
+                       estimate=cost(4 * x2.size, 2 * nbytes(x2), rows))
     return out.reshape(x.shape), rstd.reshape(lead + (1,) * k)
 
 
@@ -121,7 +121,7 @@ def rms_norm_bwd(dy, x, weight, rstd, normalized_ndim=None):
     dy2 = compute_dtype(jnp.asarray(dy)).astype(x2.dtype).reshape(rows, n)
     r2 = jnp.asarray(rstd, jnp.float32).reshape(rows, 1)
     dx = launch(_rms_bwd_dx_kernel, _row_cfg(rows, n), dy2, x2, w2, r2,
-                cost=cost(8 * x2.size, 3 * nbytes(x2)))
+                estimate=cost(8 * x2.size, 3 * nbytes(x2)))
     dw = None
     if weight is not None:
         dw = _column_sum(_rms_bwd_dw_kernel, dy2, x2, r2)

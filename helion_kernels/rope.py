@@ -102,7 +102,7 @@ def _apply(x, cos, sin, interleaved, backward):
     hd = d // 2
     bn = max(1, min(64, pow2_floor(max(65536 // (min(bs, sp) * max(hd, 128)), 1))))
     ou, ov = launch(_rope_kernel, {"block_sizes": [bn, bs]}, u, v, *coefs,
-                    cost=cost(3 * 2 * u.size, 2 * nbytes(u, v) + nbytes(*coefs)))
+                    estimate=cost(3 * 2 * u.size, 2 * nbytes(u, v) + nbytes(*coefs)))
     out = _merge(ou[:, :s], ov[:, :s], interleaved)
     return out.reshape(b, h, s, d)
 

@@ -135,12 +135,12 @@ def softmax_fwd(x, log: bool = False, block_cols: int | None = None):
     rows, n = x2.shape
     if block_cols is None and n <= LONG_ROW:
         y = launch(_softmax_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2, bool(log),
-                   cost=cost(5 * x2.size, 2 * nbytes(x2), x2.size))
+                   estimate=cost(5 * x2.size, 2 * nbytes(x2), x2.size))
     else:
         bm, bn, np_ = _loop_tiles(rows, n, block_cols)
         cfg = {"block_sizes": [bm, bn, bn], "pallas_loop_type": "fori_loop"}
         y = launch(_softmax_loop_kernel, cfg, pad2(x2, rows, np_, -jnp.inf), bool(log),
-                   cost=cost(8 * rows * np_, 3 * nbytes(x2), 2 * rows * np_))[:, :n]
+                   estimate=cost(8 * rows * np_, 3 * nbytes(x2), 2 * rows * np_))[:, :n]
     return y.reshape(x.shape)
 
 
@@ -150,13 +150,13 @@ def softmax_bwd(dy, y, log: bool = False, block_cols: int | None = None):
     rows, n = y2.shape
     if block_cols is None and n <= LONG_ROW:
         dx = launch(_softmax_bwd_row_kernel, {"block_sizes": [row_block(rows, n)]}, dy2, y2,
-                    bool(log), cost=cost(4 * y2.size, 3 * nbytes(y2), y2.size if log else 0))
+                    bool(log), estimate=cost(4 * y2.size, 3 * nbytes(y2), y2.size if log else 0))
     else:
         bm, bn, np_ = _loop_tiles(rows, n, block_cols)
         cfg = {"block_sizes": [bm, bn, bn], "pallas_loop_type": "fori_loop"}
         ypad = pad2(y2, rows, np_, -jnp.inf if log else 0)
         dx = launch(_softmax_bwd_loop_kernel, cfg, pad2(dy2, rows, np_), ypad, bool(log),
-                    cost=cost(6 * rows * np_, 5 * nbytes(y2), rows * np_ if log else 0))[:, :n]
+                    estimate=cost(6 * rows * np_, 5 * nbytes(y2), rows * np_ if log else 0))[:, :n]
     return dx.reshape(y.shape)
 
 

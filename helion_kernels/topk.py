@@ -98,7 +98,7 @@ def topk(x, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, in
         x2 = pad2(x2, round_up(rows, ROW_TILE), n)
     with _stage2_env():
         vals, idx = launch(_topk_kernel, {"block_sizes": [ROW_TILE]}, x2, int(k),
-                           cost=cost(x2.size * k, nbytes(x2)),
+                           estimate=cost(x2.size * k, nbytes(x2)),
                            settings={"pallas_topk_recall_target": 1.0})
     vals, idx = vals[:rows], idx[:rows]
     if not largest:

@@ -45,7 +45,7 @@ def supports(shape, dtype, dim=-1) -> str | None:
 
 def _moments(x2):
     return launch(_moments_kernel, {"block_sizes": [row_block(*x2.shape)]}, x2,
-                  cost=cost(4 * x2.size, nbytes(x2)))
+                  estimate=cost(4 * x2.size, nbytes(x2)))
 
 
 def var_mean(x, correction: float = 1, keepdim: bool = False):

@@ -1,14 +1,15 @@
 """Embedding lookup (row gather) and its dense backward (scatter-add) as Pallas kernels.
 
-A DMA on TPU moves whole (sublane, 128) tiles: a slice of the row dim of an HBM table must
-start and end on a tile boundary (8 rows for f32, 16 for bf16). So rows travel inside
-their tile ("slab"), and the kernels pick the row out of it in VMEM.
+Mosaic DMAs 32-bit rows one at a time, but packed rows (bf16: two rows per 32-bit sublane)
+only in whole tiles: a slice of the row dim of a bf16 table must start and end on a
+16-row boundary. So rows travel in slabs of S rows (S = 1 for f32, 16 for bf16), and the
+kernels pick the row out of its slab in VMEM.
 
 Forward: the flat indices are scalar-prefetched to SMEM; grid step i gathers rows
 idx[i*R .. i*R+R):
     for r < R:  DMA slab idx[r] // S of the HBM table -> buf[r]            (S rows each)
     out[r] = buf[r][idx[r] % S]          (a masked sublane sum: the select stays in VMEM)
-The table is read S times over (the price of tile-aligned DMAs; XLA's gather is the
+A bf16 table is read S times over (the price of tile-aligned DMAs; XLA's gather is the
 alternative).
 
 Backward (scatter-add with duplicates), by tiles of S output rows:
@@ -34,7 +35,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
-from tpu_kernels.pallas.tpu_info import round_up, sublane
+from tpu_kernels.pallas.tpu_info import round_up
 
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 MAX_TOKENS = 32768          # indices (+ permutation) live in SMEM, about 1 MiB in all
@@ -42,10 +43,15 @@ _MAX_ROWS = 32              # rows (DMAs) per grid step; the per-row loop is unr
 _STEP_BYTES = 512 * 1024    # aim for about this much row data per grid step
 
 
+def slab_rows(dtype) -> int:
+    """Rows one DMA moves: 1 for 32-bit rows, a whole (16, 128) tile for bf16."""
+    return 1 if jnp.dtype(dtype).itemsize == 4 else tpu_info.sublane(dtype)
+
+
 def rows_per_step(n: int, dim: int, dtype) -> int:
     """Rows gathered/scattered per grid step: a multiple of the sublane tile, enough to move
     about ``_STEP_BYTES`` but no more than the (rounded-up) token count."""
-    sub = sublane(dtype)
+    sub = tpu_info.sublane(dtype)
     by_bytes = _STEP_BYTES // max(1, dim * jnp.dtype(dtype).itemsize)
     rows = max(sub, min(_MAX_ROWS, by_bytes) // sub * sub)
     return min(rows, round_up(n, sub))
@@ -54,9 +60,9 @@ def rows_per_step(n: int, dim: int, dtype) -> int:
 def vmem_bytes(rows: int, dim: int, dtype) -> int:
     """Larger of forward (double-buffered [rows, dim] output, rows slabs) and backward
     (double-buffered [rows, dim] grad block, rows staged slabs, the f32 tile accumulator)."""
-    sub = sublane(dtype)
+    sub = slab_rows(dtype)
     block = tpu_info.tile_bytes((rows, dim), dtype)
-    slabs = rows * tpu_info.tile_bytes((sub, dim), dtype)
+    slabs = rows * tpu_info.tile_bytes((sub, dim), dtype)    # each padded to a tile
     acc = tpu_info.tile_bytes((sub, dim), jnp.float32)
     return 2 * block + slabs + acc
 
@@ -118,24 +124,28 @@ def _row_of(slab, off, sub: int):
 
 def _gather_kernel(idx_ref, w_hbm, out_ref, buf, sems, *, rows: int, sub: int):
     base = pl.program_id(0) * rows
-    copies = [pltpu.make_async_copy(_slab(w_hbm, _div(idx_ref[base + r], sub), sub), buf.at[r],
+    # 32-bit rows land in the output block directly; packed ones in their slab
+    dst = (lambda r: out_ref.at[pl.ds(r, 1)]) if sub == 1 else (lambda r: buf.at[r])
+    copies = [pltpu.make_async_copy(_slab(w_hbm, _div(idx_ref[base + r], sub), sub), dst(r),
                                     sems.at[r]) for r in range(rows)]
-    for c in copies:          # all slab DMAs in flight before the first wait
+    for c in copies:          # all DMAs in flight before the first wait
         c.start()
     for c in copies:
         c.wait()
+    if sub == 1:
+        return
     picked = lax.broadcasted_iota(jnp.int32, (sub, out_ref.shape[1]), 0)
     for t in range(rows // sub):  # assemble whole [sub, dim] tiles: aligned stores only
-        tile = jnp.zeros((sub, out_ref.shape[1]), jnp.float32)
-        for r in range(sub):
+        def place(r, tile, t=t):
             row = _row_of(buf[t * sub + r], _rem(idx_ref[base + t * sub + r], sub), sub)
-            tile = jnp.where(picked == r, row, tile)
+            return jnp.where(picked == r, row, tile)
+        tile = lax.fori_loop(0, sub, place, jnp.zeros((sub, out_ref.shape[1]), jnp.float32))
         out_ref[pl.ds(t * sub, sub), :] = tile.astype(out_ref.dtype)
 
 
 def _gather(weight, idx, tgt: tpu_info.Target):
     n, (num_weights, dim) = idx.shape[0], weight.shape
-    sub = sublane(weight.dtype)
+    sub = slab_rows(weight.dtype)
     rows = rows_per_step(n, dim, weight.dtype)
     steps = pl.cdiv(n, rows)
     # Pad to whole steps (rows past n land in the masked tail of the last block); clip so
@@ -155,7 +165,8 @@ def _gather(weight, idx, tgt: tpu_info.Target):
             num_scalar_prefetch=1, grid=(steps,),
             in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec((rows, dim), lambda i, idx_ref: (i, 0)),
-            scratch_shapes=[pltpu.VMEM((rows, sub, dim), weight.dtype),
+            scratch_shapes=[pltpu.VMEM((rows, sub, dim) if sub > 1 else (1, 1, 128),
+                                       weight.dtype),
                             pltpu.SemaphoreType.DMA((rows,))]),
     )(idx, table)
 
@@ -207,7 +218,7 @@ def _scatter_kernel(key_ref, g_ref, _zeros, out_hbm, stage, acc, cnt, flushed, s
 def _scatter_add(grad, idx, num_weights: int, padding_idx: int, scale: bool,
                  tgt: tpu_info.Target):
     n, dim = grad.shape
-    sub = sublane(grad.dtype)
+    sub = slab_rows(grad.dtype)
     rows = rows_per_step(n, dim, grad.dtype)
     steps = pl.cdiv(n, rows)
     idx = jnp.clip(idx, 0, num_weights - 1)

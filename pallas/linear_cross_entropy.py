@@ -30,7 +30,7 @@ REDUCTIONS = ("mean", "sum", "none")
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _ROW_BLOCK, _VOCAB_BLOCK = 256, 512
 _HIDDEN_BLOCKS = (1024, 512, 256, 128)
-_CHUNK_BYTES = 256 * 1024 * 1024        # f32 [n, chunk] grad-logits temporary per chunk
+_CHUNK_BYTES = 64 * 1024 * 1024         # f32 [n, chunk] grad-logits temporary per chunk
 
 
 def _hidden_block(h: int) -> int | None:

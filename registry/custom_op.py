@@ -10,8 +10,8 @@ JAX function (use it for kernels with a ``jax.custom_vjp``), or a JAX function
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import os
 from typing import Any, Callable
 
 import jax
@@ -53,13 +53,26 @@ def _underlying(fn: Callable) -> tuple[Callable, Callable]:
         kernel = fn
 
         def helion_jax_fn(*args, **kwargs):
-            from tpu_kernels.pallas.tpu_info import on_tpu
-            if not on_tpu():  # Helion's launcher reads this at run time
-                os.environ.setdefault("HELION_PALLAS_INTERPRET", "1")
-            return kernel.jax_fn(*args, **kwargs)
+            from tpu_kernels.pallas.tpu_info import target
+            return _for_interpret(kernel, target().interpret).jax_fn(*args, **kwargs)
         helion_jax_fn.__name__ = getattr(kernel.fn, "__name__", "helion_kernel")
         return kernel.fn, helion_jax_fn
     return fn, fn
+
+
+_VARIANTS: dict[tuple[int, bool], Any] = {}
+
+
+def _for_interpret(kernel: Any, interpret: bool) -> Any:
+    """``kernel`` with Helion's ``pallas_interpret`` setting = ``interpret``: the launcher
+    then gets the flag explicitly (not from the HELION_PALLAS_INTERPRET variable)."""
+    if kernel.settings.pallas_interpret == interpret:
+        return kernel
+    key = (id(kernel), interpret)
+    if key not in _VARIANTS:
+        settings = dataclasses.replace(kernel.settings, pallas_interpret=interpret)
+        _VARIANTS[key] = type(kernel)(kernel.fn, configs=kernel.configs, settings=settings)
+    return _VARIANTS[key]
 
 
 def define_custom_op(name: str, fn: Callable, *, kind: str = "user", supports: Callable | None = None,

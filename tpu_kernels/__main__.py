@@ -1,4 +1,4 @@
-"""Command line: ``python -m tpu_kernels {demo,coverage,bench}``."""
+"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot}``."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
                          description=coverage.__doc__.split("\n\n")[0])
     coverage.add_arguments(cov)
 
+    from tpu_kernels.aot import cli as aot_cli   # imports neither libtpu nor torch models
+    aot = sub.add_parser("aot", help="compile kernels or a model's training step for a TPU "
+                                     "chip, on this machine (libtpu compile-only)",
+                         description=aot_cli.__doc__.split("\n\n")[0])
+    aot_cli.add_arguments(aot)
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         import tpu_kernels  # noqa: F401
@@ -31,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         return runner.main_args(args)
     if args.command == "coverage":
         return coverage.main_args(args)
+    if args.command == "aot":
+        return aot_cli.main_args(args)
     return 2
 
 

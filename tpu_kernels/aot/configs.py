@@ -42,7 +42,7 @@ def gpt() -> ModelSpec:
 
 def _llama(name: str, batch: int, seq: int, dtype: torch.dtype, **cfg) -> ModelSpec:
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(**cfg)
+    config = LlamaConfig(use_cache=False, **cfg)    # training: no KV cache
 
     def build():
         return LlamaForCausalLM(config).to(dtype)
@@ -66,24 +66,24 @@ def llama3_8b() -> ModelSpec:
 
 
 def qwen3_moe_small() -> ModelSpec:
-    """A two-layer Qwen3-MoE-shaped model: 8 experts, top-2, experts run as one grouped
-    matmul (``torch._grouped_mm``: static shapes, one XLA program)."""
+    """A two-layer Qwen3-MoE-shaped model in bf16: 8 experts, top-2, experts run as one
+    grouped matmul (``torch._grouped_mm``, bf16 only: static shapes, one XLA program)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     config = Qwen3MoeConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
                             moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=64, max_position_embeddings=256)
+                            head_dim=64, max_position_embeddings=256, use_cache=False)
     config._experts_implementation = "grouped_mm"
 
     def build():
-        return Qwen3MoeForCausalLM(config)
+        return Qwen3MoeForCausalLM(config).to(torch.bfloat16)
 
     def flops_per_token(model: nn.Module) -> float:
         experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
         dense = _multiplying_params(model) - experts
         return 6 * (dense + experts * config.num_experts_per_tok / config.num_experts)
     return ModelSpec("qwen3-moe-small", build, batch=4, seq=128, loss=_hf_loss,
-                     flops_per_token=flops_per_token)
+                     dtype=torch.bfloat16, flops_per_token=flops_per_token)
 
 
 def _multiplying_params(model: nn.Module) -> int:

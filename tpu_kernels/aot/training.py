@@ -17,7 +17,7 @@ import jax
 import torch
 
 from tpu_kernels.aot import graphs, topology
-from tpu_kernels.aot.compiler import compile, compile_lowered
+from tpu_kernels.aot.compiler import Compiled, compile, compile_lowered, explain
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
 from tpu_kernels.aot.summary import Summary
 from tpu_kernels.pallas import tpu_info
@@ -36,22 +36,28 @@ class StepReport:
     tokens: int
     model_flops: float                      # per step (forward + backward)
     programs: list[tuple[str, Summary]]     # ("forward" | "backward" | "optimizer", ...)
+    failures: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (kind, why)
 
     @property
-    def step_seconds(self) -> float:
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def step_seconds(self) -> float | None:
         """XLA's roofline estimate of the step: the programs' estimates added up."""
-        return sum(s.optimal_seconds for _, s in self.programs)
+        return None if self.failures else sum(s.optimal_seconds for _, s in self.programs)
 
     @property
-    def peak_hbm_bytes(self) -> int:
+    def peak_hbm_bytes(self) -> int | None:
         """The largest program's HBM (its arguments hold what the others keep alive)."""
-        return max(s.hbm_bytes for _, s in self.programs)
+        return max(s.hbm_bytes for _, s in self.programs) if self.programs else None
 
     @property
-    def mfu(self) -> float:
+    def mfu(self) -> float | None:
         """Model FLOPs / (estimated step time x the chip's peak bf16 FLOP/s)."""
         peak = tpu_info.chip(self.chip).bf16_flops
-        return self.model_flops / (self.step_seconds * peak) if self.step_seconds > 0 else 0.0
+        t = self.step_seconds
+        return self.model_flops / (t * peak) if t else None
 
     def format(self) -> str:
         gib, mib = 1 / tpu_info.GiB, 1 / tpu_info.MiB
@@ -65,10 +71,18 @@ class StepReport:
                 f"{s.output_bytes * mib:10,.1f} MiB  temp {s.temp_bytes * mib:10,.1f} MiB  "
                 f"est {s.optimal_seconds * 1e3:9.3f} ms  compile {s.compile_seconds:5.1f} s  "
                 f"{len(s.kernels)} Mosaic kernels: {', '.join(names) or '-'}")
+        for kind, why in self.failures:
+            lines.append(f"  {kind:9s} does not compile: {why}")
+        if self.failures:
+            lines.append(f"  step: does not fit one {self.chip} ({row.hbm_bytes * gib:.0f} GiB)"
+                         if any(why.startswith("HBM") for _, why in self.failures)
+                         else "  step: does not compile")
+            return "\n".join(lines)
+        loops = sum(s.loops for _, s in self.programs)
         lines.append(f"  step: peak HBM {self.peak_hbm_bytes * gib:.2f} GiB of "
                      f"{row.hbm_bytes * gib:.0f} GiB; XLA's estimate {self.step_seconds * 1e3:.3f} "
-                     f"ms; {self.model_flops:.3g} model FLOPs -> MFU {self.mfu:.1%} of "
-                     f"{row.bf16_flops / 1e12:.0f} TFLOP/s")
+                     f"ms{' (a lower bound: loops)' if loops else ''}; {self.model_flops:.3g} "
+                     f"model FLOPs -> MFU {self.mfu:.1%} of {row.bf16_flops / 1e12:.0f} TFLOP/s")
         return "\n".join(lines)
 
 
@@ -91,16 +105,22 @@ def compile_step(spec: ModelSpec, chip: str, model: torch.nn.Module | None = Non
     with tpu_info.compile_for(chip):    # the graphs pick the kernels the chip runs
         captured = captured or graphs.capture(spec.loss, model, tokens)
     sharding = topology.sharding(chip)
-    programs = [(g.kind, compile_lowered(lambda g=g: graphs.lower(g, sharding), chip).summary)
-                for g in captured]
-    programs.append(("optimizer", optimizer_step(model, chip)))
+    jobs = [(g.kind, lambda g=g: compile_lowered(lambda: graphs.lower(g, sharding), chip))
+            for g in captured]
+    jobs.append(("optimizer", lambda: optimizer_step(model, chip)))
+    programs, failures = [], []
+    for kind, job in jobs:
+        try:
+            programs.append((kind, job().summary))
+        except Exception as exc:  # noqa: BLE001  (a compiler verdict, e.g. HBM exhausted)
+            failures.append((kind, explain(exc)))
     n_tokens = spec.batch * spec.seq
     return StepReport(spec.name, tpu_info.chip(chip).name,
                       sum(p.numel() for p in model.parameters()), n_tokens,
-                      model_flops_per_token(spec, model) * n_tokens, programs)
+                      model_flops_per_token(spec, model) * n_tokens, programs, failures)
 
 
-def optimizer_step(model: torch.nn.Module, chip: str) -> Summary:
+def optimizer_step(model: torch.nn.Module, chip: str) -> Compiled:
     """``aten._fused_adamw_`` over the model's trainable parameters (states in the
     parameters' dtype, as torch makes them), by the impl the registry picks for ``chip``."""
     from tpu_kernels.registry import REGISTRY
@@ -120,7 +140,7 @@ def optimizer_step(model: torch.nn.Module, chip: str) -> Summary:
     specs = [jax.ShapeDtypeStruct(tuple(p.shape), to_jax_dtype(p.dtype)) for p in params]
     scalars = [jax.ShapeDtypeStruct((), jax.numpy.float32) for _ in params]
     return compile(step, specs, specs, specs, specs, scalars, chip=chip,
-                   donate_argnums=(0, 2, 3)).summary
+                   donate_argnums=(0, 2, 3))
 
 
 def compile_model(spec: ModelSpec, chips: list[str]) -> list[StepReport]:

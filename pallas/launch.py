@@ -63,7 +63,3 @@ def pad_to(x: jax.Array, shape: Sequence[int], value: Any = 0) -> jax.Array:
     if x.shape == shape:
         return x
     return jnp.pad(x, [(0, t - s) for s, t in zip(x.shape, shape)], constant_values=value)
-
-
-def itemsize(dtype: Any) -> int:
-    return jnp.dtype(dtype).itemsize

@@ -146,11 +146,6 @@ def pinned() -> Chip | None:
     return _COMPILE_FOR.get()
 
 
-def resolve_interpret(interpret: bool | None) -> bool:
-    """``target(interpret).interpret``."""
-    return target(interpret).interpret
-
-
 @contextlib.contextmanager
 def compile_for(name: str | Chip) -> Iterator[Chip]:
     """Within the block, kernels lower to Mosaic and size their blocks for ``name``, and

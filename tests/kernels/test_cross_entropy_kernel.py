@@ -81,7 +81,7 @@ def test_int64_targets_and_no_ignored():
     np.testing.assert_allclose(np.asarray(got), want, **TOL["float32"])
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32])   # bf16: test_real_compile
 def test_compiles_for_tpu(dtype):
     x = jax.ShapeDtypeStruct((33, 300), dtype)
     t = jax.ShapeDtypeStruct((33,), jnp.int32)

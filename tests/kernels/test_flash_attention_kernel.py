@@ -98,11 +98,11 @@ def test_supports_reasons():
         fa.flash_attention(jnp.ones(q), jnp.ones(kv), jnp.ones(kv), dropout_p=0.5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("shape,causal,mask", [
-    ((1, 8, 2, 512, 1024, 128), True, None),       # GQA, multi-block, causal
-    ((2, 2, 2, 200, 300, 96), False, "bool"),      # padded d and seqs, bool mask
-    ((1, 2, 1, 256, 256, 256), True, "float"),     # large head dim, additive mask
+@pytest.mark.parametrize("dtype,shape,causal,mask", [
+    (jnp.float32, (1, 8, 2, 512, 1024, 128), True, None),     # GQA, multi-block, causal
+    (jnp.float32, (2, 2, 2, 200, 300, 96), False, "bool"),    # padded d and seqs, bool mask
+    (jnp.bfloat16, (2, 2, 2, 200, 300, 96), False, "bool"),
+    (jnp.bfloat16, (1, 2, 1, 256, 256, 256), True, "float"),  # large head dim, additive mask
 ])
 def test_compiles_for_tpu(dtype, shape, causal, mask):
     b, hq, hkv, sq, skv, d = shape

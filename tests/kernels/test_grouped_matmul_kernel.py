@@ -111,8 +111,8 @@ def test_supports_reasons():
         gm.ragged_dot(jnp.ones((8, 16)), jnp.ones((3, 16, 4)), jnp.ones((2,), jnp.int32))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("m,k,n,g", [(512, 1024, 2048, 8), (300, 70, 129, 4)])
+@pytest.mark.parametrize("dtype,m,k,n,g", [(jnp.bfloat16, 512, 1024, 2048, 8),
+                                            (jnp.float32, 300, 70, 129, 4)])
 def test_compiles_for_tpu(dtype, m, k, n, g):
     S = jax.ShapeDtypeStruct
     loss = lambda a, b, s: gm.ragged_dot(a, b, s).astype(jnp.float32).sum()  # noqa: E731

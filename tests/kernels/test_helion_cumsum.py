@@ -48,8 +48,8 @@ def test_supports():
     assert "row length" in K.supports((2, 32768), jnp.float32)
 
 
-@pytest.mark.parametrize("shape,dtype", [((256, 4096), jnp.bfloat16), ((7, 129), jnp.float32)],
-                         ids=["256x4096-bf16", "7x129-f32"])
+@pytest.mark.parametrize("shape,dtype", [((7, 129), jnp.float32)],
+                         ids=["7x129-f32"])   # bf16 at production shapes: test_real_compile.py
 def test_cumsum_compiles_for_tpu(shape, dtype):
     tpu_compile(K.cumsum, jax.ShapeDtypeStruct(shape, dtype), kernels=1)
 

@@ -86,7 +86,7 @@ def test_supports():
     assert K.supports((8, 128), jnp.float32, dim=1, glu_halves=True) is None
 
 
-@pytest.mark.parametrize("op", ["swiglu", "geglu", "geglu_tanh", "glu"])
+@pytest.mark.parametrize("op", ["geglu"])   # swiglu, geglu_tanh, glu: test_real_compile
 def test_compiles_for_tpu(op):
     shape = (256, 1024)
     if op == "glu":

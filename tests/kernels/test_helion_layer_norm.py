@@ -73,8 +73,8 @@ def test_supports():
     assert "weight" in K.supports((7, 129), jnp.float32, (128,), jnp.float32)
 
 
-@pytest.mark.parametrize("shape,dtype", [((256, 1024), jnp.bfloat16), ((7, 129), jnp.float32)],
-                         ids=["256x1024-bf16", "7x129-f32"])
+@pytest.mark.parametrize("shape,dtype", [((7, 129), jnp.float32)],
+                         ids=["7x129-f32"])   # bf16 at production shapes: test_real_compile.py
 def test_layer_norm_compiles_for_tpu(shape, dtype):
     def f(x, w, b, dy):
         out, vjp = jax.vjp(lambda a, c, d: K.layer_norm(a, c, d, EPS), x, w, b)

@@ -75,8 +75,8 @@ def test_supports():
     assert "zero-size" in K.supports((0, 128), jnp.float32)
 
 
-@pytest.mark.parametrize("shape,dtype", [((256, 1024), jnp.bfloat16), ((7, 129), jnp.float32)],
-                         ids=["256x1024-bf16", "7x129-f32"])
+@pytest.mark.parametrize("shape,dtype", [((7, 129), jnp.float32)],
+                         ids=["7x129-f32"])   # bf16 at production shapes: test_real_compile.py
 def test_rms_norm_compiles_for_tpu(shape, dtype):
     def f(x, w, dy):
         out, vjp = jax.vjp(lambda a, b: K.rms_norm(a, b, EPS), x, w)

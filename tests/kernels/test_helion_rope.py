@@ -75,7 +75,8 @@ def test_supports():
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
-@pytest.mark.parametrize("shape", [(2, 8, 512, 128), (1, 3, 7, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 3, 7, 64)],   # production shapes: test_real_compile.py
+                         ids=lambda s: "x".join(map(str, s)))
 def test_rope_compiles_for_tpu(shape, interleaved):
     def f(x, cos, sin, dy):
         out, vjp = jax.vjp(lambda a: K.rope(a, cos, sin, interleaved), x)

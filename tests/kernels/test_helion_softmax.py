@@ -74,8 +74,8 @@ def test_supports():
     assert K.supports((), jnp.float32) is not None
 
 
-@pytest.mark.parametrize("shape,block_cols", [((256, 1024), None), ((64, 32768), None), ((33, 200), 128)],
-                         ids=["rows", "looped-32k", "looped-padded"])
+@pytest.mark.parametrize("shape,block_cols", [((33, 200), 128)],
+                         ids=["looped-padded"])   # rows, vocab-looped: test_real_compile.py
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
 def test_softmax_compiles_for_tpu(shape, block_cols, log):
     fn = K.log_softmax if log else K.softmax

@@ -54,8 +54,8 @@ def test_supports():
     assert "row length" in K.supports((2, 1 << 16), jnp.float32, 5)
 
 
-@pytest.mark.parametrize("shape,dtype,k", [((64, 4096), jnp.bfloat16, 8), ((7, 129), jnp.float32, 5)],
-                         ids=["64x4096-bf16-k8", "7x129-f32-k5"])
+@pytest.mark.parametrize("shape,dtype,k", [((7, 129), jnp.float32, 5)],
+                         ids=["7x129-f32-k5"])   # bf16 at production shapes: test_real_compile.py
 def test_topk_compiles_for_tpu(shape, dtype, k):
     tpu_compile(lambda a: K.topk(a, k), jax.ShapeDtypeStruct(shape, dtype), kernels=1)
 

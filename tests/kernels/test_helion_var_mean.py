@@ -51,8 +51,8 @@ def test_supports():
     assert "row length" in K.supports((2, 1 << 17), jnp.float32)
 
 
-@pytest.mark.parametrize("shape,dtype", [((256, 4096), jnp.bfloat16), ((7, 129), jnp.float32)],
-                         ids=["256x4096-bf16", "7x129-f32"])
+@pytest.mark.parametrize("shape,dtype", [((7, 129), jnp.float32)],
+                         ids=["7x129-f32"])   # bf16 at production shapes: test_real_compile.py
 def test_var_mean_compiles_for_tpu(shape, dtype):
     tpu_compile(lambda a: K.var_mean(a, 1), jax.ShapeDtypeStruct(shape, dtype), kernels=1)
 

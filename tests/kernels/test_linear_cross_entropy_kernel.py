@@ -66,7 +66,7 @@ def test_hidden_blocks(monkeypatch):
     _check(9, 256, 200, jnp.float32, 128, label_smoothing=0.1)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32])   # bf16: test_real_compile
 def test_compiles_for_tpu(dtype):
     hid = jax.ShapeDtypeStruct((33, 2048), dtype)
     w = jax.ShapeDtypeStruct((1000, 2048), dtype)

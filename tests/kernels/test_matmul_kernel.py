@@ -98,7 +98,7 @@ def test_supports_reasons():
         mm.matmul(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 4), jnp.int32))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [jnp.float32])   # bf16: test_real_compile
 def test_compiles_for_tpu(dtype):
     S = jax.ShapeDtypeStruct
     a, b = S((300, 700), dtype), S((700, 1000), dtype)     # padded on every axis

@@ -75,13 +75,17 @@ def capture(fn: Callable[..., Any], *args: Any) -> list[Graph]:
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                            inference_compiler=compiler("inference"),
                            keep_inference_input_mutations=True)
-    torch._dynamo.reset()
+    # a cached compile of the same code (an earlier capture's stopping graphs) must not
+    # answer for this one: start from empty caches, as a fresh process would
+    torch.compiler.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
     with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
         try:
             compiled(*args)
         except _Stop:
             pass
+    if not graphs:
+        raise RuntimeError("torch.compile produced no graph for this function")
     return graphs
 
 

@@ -152,6 +152,6 @@ def summarize(compiled: Any, chip: str, compile_seconds: float) -> Summary:
         transcendentals=float(cost.get("transcendentals", 0.0)),
         optimal_seconds=seconds,
         compile_seconds=compile_seconds,
-        loops=len(re.findall(r"= [^=]*\bwhile\(", text)),
+        loops=len(re.findall(r"[)\]}] while\(", text)),     # "<result type> while(...)"
         unknown_calls=tuple(sorted(set(targets) - _UNCOSTED - _COSTED)),
     )

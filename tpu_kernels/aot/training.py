@@ -79,10 +79,13 @@ class StepReport:
                          else "  step: does not compile")
             return "\n".join(lines)
         loops = sum(s.loops for _, s in self.programs)
+        unknown = sorted({c for _, s in self.programs for c in s.unknown_calls})
+        note = (" (a lower bound: loops)" if loops else "") + (
+            f" (uncertain: custom calls {', '.join(unknown)})" if unknown else "")
         lines.append(f"  step: peak HBM {self.peak_hbm_bytes * gib:.2f} GiB of "
                      f"{row.hbm_bytes * gib:.0f} GiB; XLA's estimate {self.step_seconds * 1e3:.3f} "
-                     f"ms{' (a lower bound: loops)' if loops else ''}; {self.model_flops:.3g} "
-                     f"model FLOPs -> MFU {self.mfu:.1%} of {row.bf16_flops / 1e12:.0f} TFLOP/s")
+                     f"ms{note}; {self.model_flops:.3g} model FLOPs -> MFU {self.mfu:.1%} of "
+                     f"{row.bf16_flops / 1e12:.0f} TFLOP/s")
         return "\n".join(lines)
 
 

@@ -16,14 +16,15 @@ and the real TPU compiler's figures per chip. One run; nothing here is a timed t
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from tpu_kernels import registry
+from tpu_kernels import aot, registry
 from tpu_kernels.bench.timing import measure
 from tpu_kernels.flex_attention import spec_of
 from tpu_kernels.pallas import flex_attention as fk
@@ -51,7 +52,6 @@ def _softcap(s, b, h, q, kv):
 
 # -- 1. skipped work -------------------------------------------------------------------------------
 def skipped(seq: int) -> list[dict]:
-    import jax.numpy as jnp
 
     rows = []
     for name, make in MASKS.items():
@@ -105,21 +105,12 @@ def timings(b: int = 1, h: int = 4, s: int = 512, d: int = 64) -> list[dict]:
 
 
 # -- 3. real compile per chip ----------------------------------------------------------------------
-TOPOLOGY = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1"}
-
-
 def compiled(seq: int, masks: list[dict], heads: int = 8, kv_heads: int = 2, d: int = 128) -> list[dict]:
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental.topologies import get_topology_desc
 
-    jax.config.update("jax_enable_compilation_cache", False)   # compile-only executables
     rows = []
-    for chip_name, topo in TOPOLOGY.items():
+    for chip_name in tpu_info.CHECKED_GENERATIONS:
         chip = tpu_info.CHIPS[chip_name]
-        sharding = jax.sharding.SingleDeviceSharding(get_topology_desc(platform="tpu", topology_name=topo).devices[0])
+        sharding = aot.topology.sharding(chip)
         for m in masks:
             bm = m["block_mask"]
             q = torch.empty(1, heads, seq, d, dtype=torch.bfloat16, device="meta")
@@ -136,7 +127,7 @@ def compiled(seq: int, masks: list[dict], heads: int = 8, kv_heads: int = 2, d: 
                 return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
             qs, kvs, stat = sds(q.shape), sds(kv.shape), sds((1, heads, seq), jnp.float32)
             tab = jax.tree.map(lambda a: sds(a.shape, a.dtype), tables)
-            kw = dict(tiling=tl, interpret=False, density=density)
+            kw = dict(tiling=tl, density=density)
             fwd = (lambda q, k, v, t: fk.flex_attention_fwd(q, k, v, t, mods, **kw), (qs, kvs, kvs, tab))
             bwd = (lambda do, q, k, v, o, l, t: fk.flex_attention_bwd(do, None, q, k, v, o, l, t, mods, **kw),
                    (qs, qs, kvs, kvs, qs, stat, tab))
@@ -148,10 +139,9 @@ def compiled(seq: int, masks: list[dict], heads: int = 8, kv_heads: int = 2, d: 
 
 
 def _compile(fn: Callable, args: tuple, chip: Any) -> dict:
-    import jax
     t0 = time.perf_counter()
     try:
-        c = jax.jit(fn).lower(*args).compile()
+        c = aot.compile_lowered(lambda: jax.jit(fn).lower(*args), chip.name).executable
     except Exception as exc:
         return {"ok": False, "error": str(exc).splitlines()[0][:200]}
     ca = c.cost_analysis() or {}

@@ -13,7 +13,7 @@ import time
 import jax
 import torch
 
-from tpu_kernels.pallas.tpu_info import CHIPS, GPUS, current_chip
+from tpu_kernels.pallas.tpu_info import CHIPS, GPUS, device_chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ def device_peak() -> Peak:
     """The peak of the device tpu tensors run on: JAX's default device."""
     backend = jax.default_backend()
     if backend == "tpu":
-        return table_peak(current_chip().name)
+        return table_peak(device_chip().name)
     if backend in ("gpu", "cuda", "rocm"):
         kind = jax.devices()[0].device_kind
         for name in GPUS:

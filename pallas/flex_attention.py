@@ -106,7 +106,7 @@ def plan(sq: int, skv: int, dqk: int, dv: int, dtype, mask_block: tuple[int, int
          chip: tpu_info.Chip | None = None) -> Tiling:
     """Kernel tiles: the mask's blocks where they are TPU-sized (tables stay exact),
     else multiples or divisors of them, halved until the kernels fit the chip's VMEM."""
-    chip = chip or tpu_info.current_chip()
+    chip = chip or tpu_info.target().chip
     tq, tk = _TARGET[128 if chip.mxu <= 128 else 256]
     qunit = tpu_info.sublane(dtype)
     while True:
@@ -127,7 +127,7 @@ def _shrinkable(mask_block) -> bool:
 def supports(q_shape, k_shape, v_shape, dtype, tiling: Tiling, n_reads: int = 0,
              chip: tpu_info.Chip | None = None) -> str | None:
     """None when the kernels take these arguments, else the reason they do not."""
-    chip = chip or tpu_info.current_chip()
+    chip = chip or tpu_info.target().chip
     if jnp.dtype(dtype).name not in _SUPPORTED:
         return f"{jnp.dtype(dtype).name} not supported (float32, bfloat16)"
     if not len(q_shape) == len(k_shape) == len(v_shape) == 4:
@@ -570,7 +570,7 @@ def _operands(q, k, v, cfg: Config):
 
 def _config(q, k, scale, tiling, interpret) -> Config:
     return Config(float(scale), tiling, q.shape[2], k.shape[2], q.shape[1] // k.shape[1],
-                  tpu_info.resolve_interpret(interpret))
+                  tpu_info.target(interpret).interpret)
 
 
 def flex_attention_fwd(q, k, v, tables: Tables, mods: Mods, score_reads=(), mask_reads=(), *,

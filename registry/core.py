@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any, Callable, Iterator
 
-from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.pallas.tpu_info import target
 from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, KERNEL_KINDS, SWITCHABLE_KINDS
 
 
@@ -152,7 +152,8 @@ class Registry:
         st = self._state
         if impl.kind in st.disabled:
             return f"kind {impl.kind!r} disabled"
-        if impl.kind in KERNEL_KINDS and not st.interpret and not on_tpu():
+        if impl.kind in KERNEL_KINDS and not st.interpret and target().interpret:
+            # off TPU, and not compiling for a chip (tpu_info.compile_for)
             return "no TPU: kernels run off TPU only in interpret mode (TPU_KERNELS_INTERPRET=1)"
         return None
 

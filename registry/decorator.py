@@ -14,11 +14,11 @@ ops declared beforehand (``custom_ops/library.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import os
 from typing import Any, Callable
 
-from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.pallas.tpu_info import target
 from tpu_kernels.registry.core import REGISTRY, Impl
 from tpu_kernels.registry.custom_ops.define import CustomOp, add_impl, declare_op
 from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, REGISTERED_KINDS
@@ -135,12 +135,25 @@ def _underlying(fn: Callable) -> tuple[Callable, Callable]:
         kernel = fn
 
         def helion_jax_fn(*args, **kwargs):
-            if not on_tpu():  # Helion's launcher reads this at run time
-                os.environ.setdefault("HELION_PALLAS_INTERPRET", "1")
-            return kernel.jax_fn(*args, **kwargs)
+            return _for_interpret(kernel, target().interpret).jax_fn(*args, **kwargs)
         helion_jax_fn.__name__ = getattr(kernel.fn, "__name__", "helion_kernel")
         return kernel.fn, helion_jax_fn
     return fn, fn
+
+
+_VARIANTS: dict[tuple[int, bool], Any] = {}
+
+
+def _for_interpret(kernel: Any, interpret: bool) -> Any:
+    """``kernel`` with Helion's ``pallas_interpret`` setting = ``interpret``: the launcher
+    then gets the flag explicitly (not from the HELION_PALLAS_INTERPRET variable)."""
+    if kernel.settings.pallas_interpret == interpret:
+        return kernel
+    key = (id(kernel), interpret)
+    if key not in _VARIANTS:
+        settings = dataclasses.replace(kernel.settings, pallas_interpret=interpret)
+        _VARIANTS[key] = type(kernel)(kernel.fn, configs=kernel.configs, settings=settings)
+    return _VARIANTS[key]
 
 
 def unregister(fn_or_impl: Any) -> None:

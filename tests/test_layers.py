@@ -20,7 +20,7 @@ LAYERS = [
     ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graph_program", "tpu_kernels.compile_backend")),
     ("tools", ("tpu_kernels.testing", "tpu_kernels.models", "tpu_kernels.bench", "tpu_kernels.coverage",
-               "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving",
+               "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving", "tpu_kernels.aot",
                "tpu_kernels.transformers_flex")),
     ("package", ("tpu_kernels",)),   # __init__: the public API, assembled last
 ]

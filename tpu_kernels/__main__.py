@@ -1,10 +1,11 @@
-"""Command line: ``python -m tpu_kernels {demo,coverage,bench}``."""
+"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot}``."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from tpu_kernels import coverage, demo
+from tpu_kernels.aot import cli as aot_cli   # libtpu loads only when a chip is asked for
 from tpu_kernels.bench import runner
 
 
@@ -20,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
                          description=coverage.cli.DESCRIPTION)
     coverage.add_arguments(cov)
 
+    aot = sub.add_parser("aot", help="compile kernels or a model's training step for a TPU "
+                                     "chip, on this machine (libtpu compile-only)",
+                         description=aot_cli.__doc__.split("\n\n")[0])
+    aot_cli.add_arguments(aot)
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo.main(args.steps)
@@ -28,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         return runner.main_args(args)
     if args.command == "coverage":
         return coverage.main_args(args)
+    if args.command == "aot":
+        return aot_cli.main_args(args)
     return 2
 
 

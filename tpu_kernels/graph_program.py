@@ -70,6 +70,15 @@ class GraphProgram:
         self.calls += 1
         return [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
 
+    def lower(self, args: Sequence[Any], key: Any, arrays: Sequence[Any]) -> jax.stages.Lowered:
+        """Lower, not run, the program for a call with ``args`` (their tensors' geometry
+        and the graph's other arguments) over storages ``arrays`` and a random ``key``
+        (abstract values, e.g. placed on a TPU chip: ``tpu_kernels.aot`` compiles models
+        this way)."""
+        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+                   tuple(_geometry(a) for a, t in zip(args, self.is_tensor) if t))
+        return self._jitted.lower(statics, key, *arrays)
+
     def _run_jitted(self, args: tuple, owners: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [concrete(o._tpu_storage.array) for o in owners]

@@ -13,7 +13,7 @@ import torch
 
 from tpu_kernels.pallas import embedding as emb
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.export_check import lower_for_tpu
+from helpers import tpu_compile
 from tpu_kernels.pallas.reference import embedding as ref
 from tpu_kernels.testing import tol
 
@@ -92,14 +92,13 @@ def test_vjp_through_forward():
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_lowers_for_tpu(dtype):
-    w = jax.ShapeDtypeStruct((1000, 256), dtype)
+def test_compiles_for_tpu(dtype):
+    w = jax.ShapeDtypeStruct((1000, 256), dtype)     # 1000 rows: a ragged last bf16 tile
     idx = jax.ShapeDtypeStruct((4, 9), jnp.int32)
     g = jax.ShapeDtypeStruct((4, 9, 256), dtype)
-    lower_for_tpu(functools.partial(emb.embedding, interpret=False), w, idx)
     bwd = functools.partial(emb.embedding_dense_backward, num_weights=1000, padding_idx=0,
-                            scale_grad_by_freq=True, interpret=False)
-    lower_for_tpu(bwd, g, idx)
+                            scale_grad_by_freq=True)
+    tpu_compile(lambda w, i, g: (emb.embedding(w, i), bwd(g, i)), w, idx, g, kernels=2)
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)

@@ -1,6 +1,5 @@
 """Pallas flash attention: interpret-mode parity (forward + dq/dk/dv) with the jnp
 reference, TPU lowering of forward and backward, and the VMEM estimate per generation."""
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,7 @@ import pytest
 
 from tpu_kernels.pallas import flash_attention as fa
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.export_check import lower_for_tpu
+from helpers import tpu_compile
 from tpu_kernels.pallas.reference import flash_attention as ref
 from tpu_kernels.testing import tol
 
@@ -99,23 +98,22 @@ def test_supports_reasons():
         fa.flash_attention(jnp.ones(q), jnp.ones(kv), jnp.ones(kv), dropout_p=0.5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("shape,causal,mask", [
-    ((1, 8, 2, 512, 1024, 128), True, None),       # GQA, multi-block, causal
-    ((2, 2, 2, 200, 300, 96), False, "bool"),      # padded d and seqs, bool mask
-    ((1, 2, 1, 256, 256, 256), True, "float"),     # large head dim, additive mask
+@pytest.mark.parametrize("dtype,shape,causal,mask", [
+    (jnp.float32, (1, 8, 2, 512, 1024, 128), True, None),     # GQA, multi-block, causal
+    (jnp.float32, (2, 2, 2, 200, 300, 96), False, "bool"),    # padded d and seqs, bool mask
+    (jnp.bfloat16, (2, 2, 2, 200, 300, 96), False, "bool"),
+    (jnp.bfloat16, (1, 2, 1, 256, 256, 256), True, "float"),  # large head dim, additive mask
 ])
-def test_lowers_for_tpu(dtype, shape, causal, mask):
+def test_compiles_for_tpu(dtype, shape, causal, mask):
     b, hq, hkv, sq, skv, d = shape
-    q, kv = jnp.zeros((b, hq, sq, d), dtype), jnp.zeros((b, hkv, skv, d), dtype)
-    args = (q, kv, kv)
+    S = jax.ShapeDtypeStruct
+    args = (S((b, hq, sq, d), dtype), S((b, hkv, skv, d), dtype), S((b, hkv, skv, d), dtype))
     if mask == "bool":
-        args += (jnp.zeros((b, 1, sq, skv), bool),)
+        args += (S((b, 1, sq, skv), jnp.bool_),)
     elif mask == "float":
-        args += (jnp.zeros((sq, skv), dtype),)
-    lower_for_tpu(partial(fa.flash_attention, causal=causal, interpret=False), *args)
-    loss = lambda *a: fa.flash_attention(*a, causal=causal, interpret=False).sum()
-    lower_for_tpu(jax.grad(loss, argnums=(0, 1, 2)), *args)
+        args += (S((sq, skv), dtype),)
+    loss = lambda *a: fa.flash_attention(*a, causal=causal).astype(jnp.float32).sum()  # noqa: E731
+    tpu_compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), *args, kernels=3)
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)

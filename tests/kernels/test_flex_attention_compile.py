@@ -7,25 +7,22 @@ CI compiles one variant per chip; ``--thorough`` every variant on every chip.
 from __future__ import annotations
 
 import functools
-import os
 
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # pytest-xdist workers share libtpu
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+from torch.nn.attention.flex_attention import _create_empty_block_mask, create_block_mask
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch.nn.attention.flex_attention import (  # noqa: E402
-    _create_empty_block_mask, create_block_mask)
+from tpu_kernels import aot
+from tpu_kernels.flex_attention import spec_of
+from tpu_kernels.registry.bindings import flex_attention as binding
+from tpu_kernels.registry.dtypes import to_jax_dtype
 
-from tpu_kernels.flex_attention import spec_of  # noqa: E402
-from tpu_kernels.pallas import tpu_info  # noqa: E402
-from tpu_kernels.registry.dtypes import to_jax_dtype  # noqa: E402
-from tpu_kernels.registry.bindings import flex_attention as binding  # noqa: E402
+pytestmark = pytest.mark.skipif(aot.unavailable_reason() is not None, reason=str(aot.unavailable_reason()))
 
 B, H, HKV, S, D = 1, 8, 2, 8192, 128
-TOPOLOGY = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1"}
+CHIPS = ("v5e", "v6e", "v7x")
 _DOC = (torch.arange(S) >= S // 3).long() + (torch.arange(S) >= 2 * S // 3).long()
 _SLOPES = torch.exp2(-torch.arange(1, H + 1) * 8.0 / H)
 
@@ -41,7 +38,7 @@ VARIANTS = {   # name -> (score_mod, mask_mod, score bufs, mask bufs)
                     lambda b, h, q, kv: ((q // 128) * 7 + (kv // 128) * 3) % 5 < 2,
                     (torch.empty(H, S, S, device="meta"),), ()),
 }
-CI = {("v5e", "causal_softcap"), ("v6e", "sliding_alibi"), ("v7", "document_scale")}
+CI = {("v5e", "causal_softcap"), ("v6e", "sliding_alibi"), ("v7x", "document_scale")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,32 +50,15 @@ def _block_mask(name: str):
                              device="cpu")
 
 
-@functools.lru_cache(maxsize=None)
-def _device(topology: str):
-    from jax.experimental.topologies import get_topology_desc
-    return get_topology_desc(platform="tpu", topology_name=topology).devices[0]
-
-
 def _cases():
     return [pytest.param(chip, name, id=f"{chip}-{name}",
                          marks=[] if (chip, name) in CI else [pytest.mark.thorough])
-            for chip in TOPOLOGY for name in VARIANTS]
-
-
-@pytest.fixture
-def no_compile_cache():
-    """Compile-only executables cannot be read back from JAX's persistent cache: skip it."""
-    old = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    yield
-    jax.config.update("jax_enable_compilation_cache", old)
+            for chip in CHIPS for name in VARIANTS]
 
 
 @pytest.mark.parametrize("chip,name", _cases())
-def test_compiles_forward_and_backward_at_8192(chip, name, monkeypatch, no_compile_cache):
-    monkeypatch.setattr(tpu_info, "on_tpu", lambda: True)          # compile, not interpret
-    monkeypatch.setattr(tpu_info, "current_chip", lambda: tpu_info.CHIPS[chip])
-    sharding = jax.sharding.SingleDeviceSharding(_device(TOPOLOGY[chip]))
+def test_compiles_forward_and_backward_at_8192(chip, name):
+    sharding = aot.topology.sharding(chip)
     score, mask, sbufs, mbufs = VARIANTS[name]
     bm = _block_mask(name)
     q = torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta")
@@ -102,6 +82,7 @@ def test_compiles_forward_and_backward_at_8192(chip, name, monkeypatch, no_compi
         return binding.pallas_backward(spec, q, k, v, out, lse, dout, None, tables, sb, mb)
     for fn, args in ((forward, (qs, kvs, kvs, tables, sb, mb)),
                      (backward, (qs, kvs, kvs, qs, lse, qs, tables, sb, mb))):
-        compiled = jax.jit(fn).lower(*args).compile()
+        # kernels size their tiles for the chip and lower to Mosaic (compile_for, inside)
+        compiled = aot.compile_lowered(lambda: jax.jit(fn).lower(*args), chip).executable
         assert "tpu_custom_call" in compiled.as_text()              # Mosaic, not interpret
         assert compiled.cost_analysis()["flops"] > 2 * B * H * S * S * D   # the kernels' estimates

@@ -13,9 +13,7 @@ import jax
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from tpu_kernels.helion_kernels import tpu_lowering
 from tpu_kernels.pallas.export_check import lower_for_tpu
-from tpu_kernels.pallas.tpu_info import targeting_tpu
 from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.registry.kinds import KERNEL_KINDS
@@ -34,8 +32,7 @@ def compile_check(impl: Impl, args: tuple, kwargs: dict) -> None:
         a, kw = tree_unflatten(full, spec)
         return impl.fn(*a, **kw)
 
-    with targeting_tpu(), tpu_lowering():
-        exported = lower_for_tpu(f, *structs)
+    exported = lower_for_tpu(f, *structs)   # kernels lower to Mosaic for a chip (compile_for)
     if "tpu_custom_call" not in exported.mlir_module():
         raise RuntimeError("lowered, but no Mosaic kernel (tpu_custom_call) in the module: "
                            "the kernel did not take its TPU path")

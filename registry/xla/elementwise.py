@@ -105,7 +105,9 @@ def unary_core(name: str) -> Callable[[jax.Array, Any], jax.Array]:
     keep_input = name in UNARY_SAME  # bool results must see the input's own dtype
 
     def core(x, dt):
-        cd = float_compute(x.dtype if keep_input else dt)
+        # a complex input keeps its dtype (angle's result is real: casting the input to it
+        # first would drop the imaginary part)
+        cd = float_compute(x.dtype if keep_input or jnp.iscomplexobj(x) else dt)
         return fn(x.astype(cd)).astype(dt)
     return core
 

@@ -2,7 +2,8 @@
 bincount / unique family.
 
 Torch's order: NaN sorts as the largest value (first when descending), -0.0 equals 0.0,
-and equal elements keep their original order (torch's CPU sort is stable).
+and equal elements keep their original order (torch's CPU sort is stable). ``topk`` among
+equal values returns what torch's CPU selection algorithm returns (``_cpu_topk``).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla import _cpu_topk as cpu_topk
 
 
 def _sort_keys(x: jax.Array, descending: bool) -> list[jax.Array]:
@@ -67,10 +69,29 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
         vals, idx = sort_with_indices(self, ax, descending=largest)
         return jax.lax.slice_in_dim(vals, 0, k, axis=ax), jax.lax.slice_in_dim(idx, 0, k, axis=ax)
     x = jnp.moveaxis(self, ax, -1)
-    # lax.top_k (a TopK op on TPU, not a full sort) on an order-preserving integer key
-    _, idx = jax.lax.top_k(_order_key(x, largest), k)
+    idx = _topk_indices(_order_key(x, largest), k, sorted)
     vals = jnp.take_along_axis(x, idx, axis=-1)
     return jnp.moveaxis(vals, -1, ax), jnp.moveaxis(idx.astype(jnp.int64), -1, ax)
+
+
+def _topk_indices(key: jax.Array, k: int, sorted: bool) -> jax.Array:
+    """torch's CPU top-k indices along the last axis of an order key (larger first).
+
+    Without ties the answer is fixed by the values: ``lax.top_k`` (a TopK op on TPU, not
+    a full sort). Equal values among the first k + 1, or the unsorted order of CPU's
+    ``nth_element`` path, are whatever CPU's selection algorithm leaves: replayed by
+    ``cpu_topk`` (branched to only when ties occur)."""
+    n = key.shape[-1]
+    if k == 0 or key.size == 0:
+        return jax.lax.top_k(key, k)[1]
+    if cpu_topk.needs_cpu_order(k, n, sorted):
+        return cpu_topk.topk_indices(key, k, sorted)
+    top, idx = jax.lax.top_k(key, min(k + 1, n))
+    if not cpu_topk.replayable(k, n):
+        return idx[..., :k]
+    tie = jnp.any(top[..., 1:] == top[..., :-1])
+    return jax.lax.cond(tie, lambda: cpu_topk.topk_indices(key, k, sorted).astype(idx.dtype),
+                        lambda: idx[..., :k])
 
 
 # -- searching -----------------------------------------------------------------------------

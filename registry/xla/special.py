@@ -1,5 +1,6 @@
 """torch.special functions: jax.scipy.special where it has them, the orthogonal
 polynomials by torch's recurrences (with torch's endpoint and large-degree rules).
+zeta and polygamma: ``zeta.py``.
 
 Not lowered here (JAX has no implementation, or a broken one): special_airy_ai,
 special_bessel_j0/j1 (jax's bessel_jn returns nan below x ~ 10), special_bessel_y0/y1,
@@ -47,11 +48,6 @@ def _spherical_j0(x):
     return jnp.where(jnp.isinf(x), jnp.zeros_like(x), j0)
 
 
-def _zeta(x, q):
-    # torch: a pole at non-positive integer q
-    return jnp.where((q <= 0) & (q == jnp.floor(q)) & (x > 1), jnp.inf, jss.zeta(x, q)).astype(x.dtype)
-
-
 _UNARY = {
     "special_entr": _entr, "special_erfcx": jss.erfcx, "special_i0e": jss.i0e,
     "special_i1": jss.i1, "special_i1e": jss.i1e, "special_log_ndtr": jss.log_ndtr,
@@ -62,18 +58,9 @@ _UNARY = {
 for _name, _fn in _UNARY.items():
     xla(f"aten::{_name}", name=_name)(_float(_fn))
 
-_BINARY = {"special_zeta": _zeta, "igamma": jss.gammainc, "igammac": jss.gammaincc}
+_BINARY = {"igamma": jss.gammainc, "igammac": jss.gammaincc}
 for _name, _fn in _BINARY.items():
     xla(*_overloads(_name), name=_name)(_float(_fn))
-
-
-@xla("aten::polygamma")
-def polygamma(n: int, x):
-    dt = out_dtype()
-    xc = x.astype(float_compute(dt))
-    if n == 0:
-        return jnp.where(xc == 0, jnp.copysign(jnp.inf, -xc), jss.digamma(xc)).astype(dt)
-    return jss.polygamma(n, xc).astype(dt)
 
 
 @xla("aten::mvlgamma")

@@ -68,6 +68,16 @@ def test_unary_int(name):
     check(getattr(torch, name), rand(4, 5, dtype=torch.int64, low=-9, high=9))
 
 
+@pytest.mark.parametrize("name", ["angle", "abs", "sgn", "neg", "exp", "sqrt", "log", "reciprocal",
+                                  "sigmoid", "isnan", "isfinite"])
+def test_unary_complex(name):
+    # angle and abs give real results from a complex input: the imaginary part counts
+    z = torch.complex(rand(5, 4), rand(5, 4))
+    z.view(-1)[:6] = torch.tensor([1 + 1j, -1 + 1j, -1 - 1j, 3j, -2.0 + 0j, 0j])
+    check(getattr(torch, name), z)
+    check(getattr(torch, name), z.to(torch.complex128))
+
+
 def test_unary_shapes():
     check(torch.exp, torch.tensor(0.5))
     check(torch.neg, torch.empty(0, 3))

@@ -2,8 +2,9 @@
 bincount / unique family.
 
 Torch's order: NaN sorts as the largest value (first when descending), -0.0 equals 0.0,
-and equal elements keep their original order (torch's CPU sort is stable). ``topk`` among
-equal values returns what torch's CPU selection algorithm returns (``_cpu_topk``).
+and equal elements keep their original order (torch's stable sort; with ``stable=False``
+torch leaves their order unspecified). ``topk`` among equal values returns what torch's
+CPU selection algorithm returns (``_cpu_order``): MoE routers depend on it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla import _cpu_topk as cpu_topk
+from tpu_kernels.registry.xla import _cpu_order
 
 
 def _sort_keys(x: jax.Array, descending: bool) -> list[jax.Array]:
@@ -34,6 +35,8 @@ def sort_with_indices(x: jax.Array, axis: int, descending: bool = False) -> tupl
     return out[-2], out[-1]
 
 
+# stable=False: torch leaves the order of equal elements unspecified (its CPU kernel uses
+# std::sort or x86-simd-sort); this stable order is one of the allowed ones
 @xla("aten::sort.default")
 def sort(self, dim=-1, descending=False):
     return sort_with_indices(self, dim % max(self.ndim, 1), descending)
@@ -80,17 +83,17 @@ def _topk_indices(key: jax.Array, k: int, sorted: bool) -> jax.Array:
     Without ties the answer is fixed by the values: ``lax.top_k`` (a TopK op on TPU, not
     a full sort). Equal values among the first k + 1, or the unsorted order of CPU's
     ``nth_element`` path, are whatever CPU's selection algorithm leaves: replayed by
-    ``cpu_topk`` (branched to only when ties occur)."""
+    ``_cpu_order`` (branched to only when ties occur)."""
     n = key.shape[-1]
     if k == 0 or key.size == 0:
         return jax.lax.top_k(key, k)[1]
-    if cpu_topk.needs_cpu_order(k, n, sorted):
-        return cpu_topk.topk_indices(key, k, sorted)
+    if _cpu_order.needs_cpu_order(k, n, sorted):
+        return _cpu_order.topk_indices(key, k, sorted)
     top, idx = jax.lax.top_k(key, min(k + 1, n))
-    if not cpu_topk.replayable(k, n):
+    if not _cpu_order.replayable(k, n):
         return idx[..., :k]
     tie = jnp.any(top[..., 1:] == top[..., :-1])
-    return jax.lax.cond(tie, lambda: cpu_topk.topk_indices(key, k, sorted).astype(idx.dtype),
+    return jax.lax.cond(tie, lambda: _cpu_order.topk_indices(key, k, sorted).astype(idx.dtype),
                         lambda: idx[..., :k])
 
 
@@ -213,6 +216,8 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     n = x.shape[0]
     if n == 0:
         starts = jnp.zeros((0,), bool)
+    elif n == 1:
+        starts = jnp.ones((1,), bool)
     else:
         diff = jnp.any((x[1:] != x[:-1]).reshape(n - 1, -1), axis=1)
         starts = jnp.concatenate([jnp.ones((1,), bool), diff])

@@ -1,10 +1,7 @@
 """torch.special functions: jax.scipy.special where it has them, the orthogonal
 polynomials by torch's recurrences (with torch's endpoint and large-degree rules).
-zeta and polygamma: ``zeta.py``.
-
-Not lowered here (JAX has no implementation, or a broken one): special_airy_ai,
-special_bessel_j0/j1 (jax's bessel_jn returns nan below x ~ 10), special_bessel_y0/y1,
-special_modified_bessel_k0/k1, special_scaled_modified_bessel_k0/k1.
+zeta and polygamma: ``zeta.py``; the Bessel functions JAX lacks (J0, J1, Y0, Y1, K0, K1)
+and Airy's Ai: ``bessel.py``.
 """
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ def _overloads(name: str) -> list[str]:
     return [f"aten::{name}.{o}" for o in packet.overloads() if "out" not in o.lower()]
 
 
-def _float(fn: Callable) -> Callable:
+def float_lowering(fn: Callable) -> Callable:
     """Arguments cast to the compute dtype of torch's (float) result."""
     def lower(*args):
         dt = out_dtype()
@@ -56,11 +53,11 @@ _UNARY = {
     "special_ndtr": jss.ndtr,
 }
 for _name, _fn in _UNARY.items():
-    xla(f"aten::{_name}", name=_name)(_float(_fn))
+    xla(f"aten::{_name}", name=_name)(float_lowering(_fn))
 
 _BINARY = {"igamma": jss.gammainc, "igammac": jss.gammaincc}
 for _name, _fn in _BINARY.items():
-    xla(*_overloads(_name), name=_name)(_float(_fn))
+    xla(*_overloads(_name), name=_name)(float_lowering(_fn))
 
 
 @xla("aten::mvlgamma")

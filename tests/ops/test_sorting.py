@@ -85,7 +85,7 @@ def _ties(rows: int, n: int, levels: int, seed: int = 0) -> torch.Tensor:
 
 
 # torch's CPU topk among equal values: libstdc++'s nth_element + sort (k * 64 > n) or
-# partial_sort (k * 64 <= n), replayed by registry/xla/_cpu_topk.py (each case compiles the
+# partial_sort (k * 64 <= n), replayed by registry/xla/_cpu_order.py (each case compiles the
 # replay once: a few seconds)
 @pytest.mark.parametrize("n,k,levels,largest,srt", [
     (4, 2, 2, True, True),      # a 4-expert router, top-2: the AFMoE case

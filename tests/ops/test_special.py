@@ -98,3 +98,24 @@ def test_polynomials(name):
     check(lambda t: fn(t, 3), xs)
     check(lambda m: fn(0.4, m), ns)
     check(fn, xs.double(), torch.full((10,), 9.0, dtype=torch.float64))
+
+
+# torch's Cephes-derived Bessel and Airy functions (registry/xla/bessel.py): every branch
+# (small-argument series, asymptotic forms), negative arguments, 0, inf and nan
+BESSEL = ["bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0", "modified_bessel_k1",
+          "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "airy_ai"]
+
+
+@pytest.mark.parametrize("name", BESSEL)
+def test_bessel_airy(name):
+    fn = getattr(torch.special, name)
+    x = torch.cat([rand(24, low=-12, high=12), rand(8, low=0, high=2.5), EDGES,
+                   torch.tensor([1e-6, 4.99, 5.01, 1.99, 2.01, -2.2, 2.2, 8.5, 30.0, 120.0])])
+    check(fn, x)
+    check(fn, torch.arange(-2, 7))                       # integers compute in float32
+    for dt in (torch.bfloat16, torch.float16):           # no half-precision kernels, as on CPU
+        with pytest.raises(NotImplementedError) as cpu:
+            fn(torch.ones(3, dtype=dt))
+        with pytest.raises(NotImplementedError) as tpu:
+            fn(torch.ones(3, dtype=dt, device="tpu")).cpu()
+        assert str(cpu.value) in str(tpu.value)

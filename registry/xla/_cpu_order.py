@@ -1,4 +1,4 @@
-"""torch's CPU ``topk`` order, for the cases where it is not fixed by the values alone.
+"""torch's CPU ``topk`` order, where the values alone do not fix it.
 
 When values tie (or ``sorted=False``), which indices ``torch.topk`` returns, and in what
 order, is whatever its CPU kernel's selection algorithm leaves behind: libstdc++'s

@@ -1,5 +1,5 @@
-"""Sorting lowerings: sort, topk, searchsorted/bucketize, histc, and the data-dependent
-bincount / unique family.
+"""Sorting lowerings: sort, topk, searchsorted/bucketize and the data-dependent unique
+family (histograms and bincount: ``histogram.py``).
 
 Torch's order: NaN sorts as the largest value (first when descending), -0.0 equals 0.0,
 and equal elements keep their original order (torch's stable sort; with ``stable=False``
@@ -136,65 +136,6 @@ def bucketize(self, boundaries, *, out_int32=False, right=False):
 def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
     return _search(boundaries, jnp.asarray(self, boundaries.dtype), "right" if right else "left",
                    out_int32)
-
-
-# -- histograms ---------------------------------------------------------------------------------
-@xla("aten::histc.default")
-def histc(self, bins=100, min=0, max=0):
-    x = self.reshape(-1)
-    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
-    auto = lo == hi  # min == max: use the data's range (widened by 1 if still empty)
-    if x.size:
-        lo = jnp.where(auto, jnp.min(x), lo)
-        hi = jnp.where(auto, jnp.max(x), hi)
-    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
-    inside = (x >= lo) & (x <= hi)
-    pos = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
-    pos = jnp.clip(pos, 0, bins - 1)  # x == max falls in the last bin
-    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
-
-
-def _histogram(x, edges, weight, density):
-    """Counts of ``x`` in the bins ``edges`` (the last bin closed), optionally a density."""
-    x = x.reshape(-1)
-    nb = edges.shape[0] - 1
-    pos = jnp.clip(jnp.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
-    inside = (x >= edges[0]) & (x <= edges[-1])
-    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
-    hist = jnp.zeros((nb,), x.dtype).at[pos].add(jnp.where(inside, w, 0))
-    if density:
-        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
-    return hist, edges
-
-
-# torch has no meta functions for histogram: these run eagerly
-@xla("aten::histogram.bin_ct", data_dependent=True)
-def histogram(self, bins=100, *, range=None, weight=None, density=False):
-    if range is not None:
-        lo, hi = float(range[0]), float(range[1])
-    elif self.size:
-        lo, hi = float(jnp.min(self)), float(jnp.max(self))
-    else:
-        lo, hi = 0.0, 0.0
-    if lo == hi:  # an empty range widens by 0.5 each way (numpy's rule)
-        lo, hi = lo - 0.5, hi + 0.5
-    edges = jnp.linspace(lo, hi, bins + 1, dtype=jnp.float64).astype(self.dtype)
-    return _histogram(self, edges, weight, density)
-
-
-@xla("aten::histogram.bins_tensor", data_dependent=True)
-def histogram_bins(self, bins, *, weight=None, density=False):
-    return _histogram(self, bins.astype(self.dtype), weight, density)
-
-
-@xla("aten::bincount.default", data_dependent=True)
-def bincount(self, weights=None, minlength=0):
-    n = int(jnp.max(self)) + 1 if self.size else 0
-    n = max(n, minlength)
-    if weights is None:
-        return jnp.zeros((n,), jnp.int64).at[self].add(1)
-    dt = weights.dtype if weights.dtype == jnp.float32 else jnp.float64  # torch's rule
-    return jnp.zeros((n,), dt).at[self].add(weights.astype(dt))
 
 
 # -- unique (data-dependent sizes) -------------------------------------------------------------------

@@ -78,6 +78,22 @@ def test_unary_complex(name):
     check(getattr(torch, name), z.to(torch.complex128))
 
 
+def test_conj_physical():
+    z = torch.complex(rand(3, 4), rand(3, 4))
+    check(torch.conj_physical, z)
+    check(torch.conj_physical, rand(3, 4))
+    check(torch.ops.aten._conj_physical, z)
+    check(lambda t: torch.fft.ihfft2(t), rand(3, 4, 6))   # ihfft's last step
+
+
+def test_logit_half_types():
+    # torch's CPU kernel rounds eps, 1 - eps, 1 - x and the quotient to the half type
+    for dt in (torch.bfloat16, torch.float16):
+        x = rand(200, low=0.0, high=1.0).to(dt)
+        for eps in (None, 0.0, 0.05, 1e-6):
+            check(lambda t, eps=eps: torch.logit(t, eps), x)
+
+
 def test_unary_shapes():
     check(torch.exp, torch.tensor(0.5))
     check(torch.neg, torch.empty(0, 3))

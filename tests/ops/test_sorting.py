@@ -136,25 +136,6 @@ def test_searchsorted(right):
     check(lambda b: torch.bucketize(3.0, b, right=right), seq)
 
 
-# -- histograms ---------------------------------------------------------------------------------------
-def test_histc():
-    x = _rand(100)
-    check(lambda a: torch.histc(a, 10, -2, 2), x)
-    check(lambda a: torch.histc(a, 7), x)                # min == max: the data's range
-    check(lambda a: torch.histc(a, 4, 0, 3), torch.tensor([0.0, 1.0, 2.0, 3.0, 3.0, -1.0, 4.0]))
-    check(lambda a: torch.histc(a, 3), torch.tensor([2.0, 2.0]))  # constant data widens by 1
-    check(lambda a: torch.histc(a, 5, -1, 1), _rand(40, dtype=torch.float64))
-
-
-def test_bincount():
-    x = torch.tensor([0, 3, 1, 3, 3, 7])
-    check(torch.bincount, x)
-    check(lambda a: torch.bincount(a, minlength=10), x)
-    check(lambda a, w: torch.bincount(a, w), x, _rand(6))
-    check(lambda a, w: torch.bincount(a, w), x, _rand(6, dtype=torch.float64))
-    check(lambda a: torch.bincount(a), torch.zeros(0, dtype=torch.int64))
-
-
 # -- unique ------------------------------------------------------------------------------------------------
 def test_unique():
     x = torch.tensor([[3, 1, 3], [2, 2, 7]])
@@ -167,6 +148,7 @@ def test_unique():
 def test_unique_consecutive():
     x = torch.tensor([3, 3, 1, 3, 2, 2, 2])
     check(lambda a: torch.unique_consecutive(a), x)
+    check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), torch.tensor(2.5))
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), x)
     m = torch.tensor([[1, 1], [1, 1], [2, 0], [2, 0], [1, 1]])
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True, dim=0), m)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from tpu_kernels.registry.decorator import xla
@@ -41,7 +42,7 @@ def _histogram(x, edges, weight, density):
     return hist, edges
 
 
-def _edges(x, bins: int, lo_hi) -> "jnp.ndarray":
+def _edges(x, bins: int, lo_hi) -> jax.Array:
     """``bins + 1`` edges over ``lo_hi`` (or the data's range) in ``x``'s dtype."""
     if lo_hi is not None:
         lo, hi = float(lo_hi[0]), float(lo_hi[1])

@@ -40,7 +40,15 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     # the fused op's derivative gives no gradient to the mask (T5's learned position bias
     # needs one): a mask that requires grad takes the math path
     mask_ok = attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())
-    if dropout_p == 0.0 and query.dim() == 4 and gqa_ok and mask_ok and not (is_causal and attn_mask is not None):
+    fusable = dropout_p == 0.0 and query.dim() == 4 and gqa_ok and not (is_causal and attn_mask is not None)
+    if fusable and value.shape[-1] != query.shape[-1]:
+        # multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): the CPU flash op requires
+        # one head size (torch's CPU math path handles this case); the overrideable fused
+        # op's meta function gives the output value's head size, and its derivative gives
+        # the mask's gradient too
+        return aten._scaled_dot_product_fused_attention_overrideable(
+            query, key, value, attn_mask, 0.0, is_causal, scale=scale)[0]
+    if fusable and mask_ok:
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
                 attn_mask.logical_not(), float("-inf"))

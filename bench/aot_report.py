@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-o", "--output", help="write the markdown here (default: stdout)")
     p.add_argument("--chips", default=",".join(tpu_info.CHECKED_GENERATIONS))
     p.add_argument("--models", default=",".join(MODELS), help="bundled names or MODULE:FACTORY")
+    p.add_argument("--kernels", help="only these kernel cases (comma-separated names)")
     p.add_argument("--no-kernels", action="store_true")
     p.add_argument("--thorough", action="store_true", help="the longer list of kernel cases too")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -107,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = _header(argv)
     failed = False
     if not a.no_kernels:
-        results = aot.check_kernels(chips, thorough=a.thorough, progress=_progress)
+        names = a.kernels.split(",") if a.kernels else None
+        results = aot.check_kernels(chips, names, thorough=a.thorough, progress=_progress)
         lines += kernel_tables(results) + [""]
         failed |= not all(r.ok for r in results)
     reports = []
@@ -117,7 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if reports:
         lines += model_table(reports) + [""]
-    text = "\n".join(lines)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines.append(f"Load average when done: {load} (compile times are wall clock: they grow "
+                 "with the machine's load).")
+    text = "\n".join(lines) + "\n"
     if a.output:
         with open(a.output, "w") as f:
             f.write(text)

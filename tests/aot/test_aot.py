@@ -133,3 +133,17 @@ def test_check_impls_compiles_registry_impls():
     [r] = aot.check_impls(["v6e"], ops=["aten::mm"])
     assert (r.op, r.impl, r.chip, r.status) == ("aten::mm", "pallas:mm", "v6e", "ok"), r
     assert r.vmem_bytes and r.vmem_bytes <= tpu_info.CHIPS["v6e"].vmem_bytes
+
+
+@needs_libtpu
+def test_report_tables(tmp_path):
+    """bench/aot_report.py: the kernel x chip table with VMEM and compile time, and each
+    program's HBM figures, from a real compile."""
+    from tpu_kernels.bench import aot_report
+    out = tmp_path / "aot.md"
+    assert aot_report.main(["--chips", "v6e", "--models", "", "--kernels", "bmm", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "| kernel | v6e |" in text and "Compile time of the whole set" in text
+    [row] = [line for line in text.splitlines() if line.startswith("| bmm | ok ")]
+    assert "MiB" in row and row.rstrip(" |").endswith(" s"), row
+    assert any(line.startswith("| bmm | v6e | ") for line in text.splitlines())

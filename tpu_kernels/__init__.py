@@ -22,6 +22,9 @@ _inplace_meta.install()
 from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
 
 _compile_backend.register()
+from tpu_kernels import distributed as _distributed  # noqa: E402
+
+_distributed.install()   # c10d backend "tpu" (names only; loads when a group is made)
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402

@@ -1,0 +1,455 @@
+"""c10d's collective ops on tpu tensors, as JAX collectives.
+
+``dist.all_reduce(t)`` and friends call a ``c10d::*`` op (``c10d::allreduce_``, ...); on a
+tpu tensor it reaches the tensor's ``__torch_dispatch__``, which hands it to the handler
+registered here (``dispatch.register_special``). A handler checks its arguments, checks
+that every rank passed the same (``checks.agree``), runs the collective as a jitted
+program over the group's devices (``programs.run``), writes the results into the output
+tensors, and returns a ``TpuWork``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_kernels import errors
+from tpu_kernels.distributed import checks, groups, programs
+from tpu_kernels.distributed.groups import Group
+from tpu_kernels.distributed.work import CollectiveError, TpuWork, failures
+from tpu_kernels.tensor import TpuTensor, value, write
+
+c10d = torch.ops.c10d
+
+
+def bind(op, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An op call's arguments by schema name, defaults filled in."""
+    out = {}
+    for i, a in enumerate(op._schema.arguments):
+        if i < len(args):
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def reduce_name(reduce_op: Any, collective: str) -> str:
+    """``ReduceOp`` (a c10d ScriptObject, enum, or functional string) -> our op name."""
+    if isinstance(reduce_op, torch.ScriptObject):
+        reduce_op = reduce_op.op()
+    if isinstance(reduce_op, int):
+        reduce_op = torch.distributed.ReduceOp.RedOpType(reduce_op)
+    name = reduce_op if isinstance(reduce_op, str) else reduce_op.name
+    name = name.lower()
+    if name not in programs.REDUCE_OPS:
+        raise NotImplementedError(
+            f"tpu {collective}: reduce op {name.upper()} is not supported on tpu (supported: "
+            f"{', '.join(o.upper() for o in programs.REDUCE_OPS)}); for PREMUL_SUM scale the "
+            f"tensor first and use SUM")
+    return name
+
+
+def tpu_tensors(collective: str, tensors: list, what: str = "tensor") -> list[TpuTensor]:
+    """``tensors``, checked to be tpu tensors (a CPU tensor among them is a user error)."""
+    for i, t in enumerate(tensors):
+        if not isinstance(t, TpuTensor):
+            where = getattr(t, "device", type(t).__name__)
+            raise ValueError(
+                f"tpu {collective}: {what} {i} is on {where}, the others on tpu: all tensors "
+                f"of one collective must be on the same device. Move it with .to('tpu') "
+                f"(or run the collective on CPU tensors only)")
+    return tensors
+
+
+def expect(collective: str, cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(f"tpu {collective}: {message}")
+
+
+def _work(name: str, group: Group, arrays: list, result: Any) -> Any:
+    return TpuWork(name, group, [a for a in arrays if a is not None], result).boxed()
+
+
+def _run(name: str, group: Group, kind: str, *arrays, **params) -> Any:
+    with failures(name, group):
+        return programs.run(kind, group.ranks, *arrays, **params)
+
+
+def handler(name: str, returns_tensors: str | None) -> Callable:
+    """Register-ready handler around ``fn(a: dict) -> result`` for collective ``name``.
+
+    On torch's autograd worker thread (DDP's gradient hooks) an exception escaping into
+    C++ would abort the process: there the error is recorded and raised at the next tpu
+    op on the user's thread, and the op returns its inputs with a finished handle.
+    """
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def run(op, args, kwargs):
+            a = bind(op, args, kwargs)
+            try:
+                return fn(a)
+            except Exception as exc:
+                if not errors.on_worker_thread():
+                    raise
+                errors.defer(exc, f"tpu {name}")
+                dummy = TpuWork(name, Group("?", (0,), 0, 1.0), [], None).boxed()
+                return (a[returns_tensors], dummy) if returns_tensors else dummy
+        run.collective = name
+        return run
+    return wrap
+
+
+# -- reductions and broadcast --------------------------------------------------------------------
+@handler("all_reduce", "tensors")
+def allreduce_(a: dict) -> Any:
+    ts = tpu_tensors("all_reduce", a["tensors"])
+    group = groups.of(a["process_group"], "all_reduce")
+    op = reduce_name(a["reduce_op"], "all_reduce")
+    expect("all_reduce", a.get("sparse_indices") is None, "sparse tensors are not supported")
+    checks.agree("all_reduce", (op,), ts, group)
+    outs = [_run("all_reduce", group, "all_reduce", value(t), op=op) for t in ts]
+    for t, o in zip(ts, outs):
+        write(t, o)
+    return ts, _work("all_reduce", group, outs, ts)
+
+
+@handler("all_reduce_coalesced", None)
+def allreduce_coalesced_(a: dict) -> Any:
+    return allreduce_.__wrapped__(a)[1]
+
+
+@handler("reduce", None)
+def reduce_(a: dict) -> Any:
+    ts = tpu_tensors("reduce", a["tensors"])
+    group = groups.of(a["process_group"], "reduce")
+    op = reduce_name(a["reduce_op"], "reduce")
+    root = a["root_rank"]
+    checks.agree("reduce", (op, root), ts, group)
+    outs = [_run("reduce", group, "all_reduce", value(t), op=op) for t in ts]
+    if group.rank == root:     # the others keep their input, as with NCCL
+        for t, o in zip(ts, outs):
+            write(t, o)
+    return _work("reduce", group, outs, ts)
+
+
+@handler("broadcast", "tensors")
+def broadcast_(a: dict) -> Any:
+    ts = tpu_tensors("broadcast", a["tensors"])
+    group = groups.of(a["process_group"], "broadcast")
+    root = a["root_rank"]
+    checks.agree("broadcast", (root,), ts, group)
+    outs = [_run("broadcast", group, "broadcast", value(t), root=root) for t in ts]
+    for t, o in zip(ts, outs):
+        write(t, o)
+    return ts, _work("broadcast", group, outs, ts)
+
+
+# -- gathers -----------------------------------------------------------------------------------------
+def _gather_into_list(name: str, group: Group, inp: TpuTensor, outs: list, write_out: bool) -> list:
+    pieces = _run(name, group, "all_gather", value(inp), unstack=True)
+    if write_out:
+        for o, p in zip(outs, pieces):
+            write(o, p)
+    return list(pieces)
+
+
+def _check_list(name: str, group: Group, outs: list, like: torch.Tensor, what: str) -> None:
+    expect(name, len(outs) == group.size,
+           f"{what} has {len(outs)} tensors, the group has {group.size} ranks: pass one per rank")
+    for i, o in enumerate(outs):
+        expect(name, tuple(o.shape) == tuple(like.shape) and o.dtype == like.dtype,
+               f"{what}[{i}] is {o.dtype}{list(o.shape)}, the input is "
+               f"{like.dtype}{list(like.shape)}: every chunk must match it")
+
+
+@handler("all_gather", "output_tensors")
+def allgather_(a: dict) -> Any:
+    ins = tpu_tensors("all_gather", a["input_tensors"])
+    group = groups.of(a["process_group"], "all_gather")
+    arrays = []
+    for inp, outs in zip(ins, a["output_tensors"]):
+        tpu_tensors("all_gather", outs, "output tensor")
+        _check_list("all_gather", group, outs, inp, "the output list")
+        checks.agree("all_gather", (), [inp], group)
+        arrays += _gather_into_list("all_gather", group, inp, outs, True)
+    return a["output_tensors"], _work("all_gather", group, arrays, a["output_tensors"])
+
+
+@handler("all_gather_coalesced", None)
+def allgather_coalesced_(a: dict) -> Any:
+    a = dict(a, output_tensors=a["output_lists"], input_tensors=a["input_list"])
+    return allgather_.__wrapped__(a)[1]
+
+
+def _gather_into_tensor(group: Group, out: TpuTensor, inp: TpuTensor) -> jax.Array:
+    name = "all_gather_into_tensor"
+    expect(name, out.numel() == group.size * inp.numel() and out.dtype == inp.dtype,
+           f"the output is {out.dtype}{list(out.shape)}, the input {inp.dtype}{list(inp.shape)}: "
+           f"the output must hold {group.size} inputs ({group.size * inp.numel()} elements)")
+    checks.agree(name, (), [inp], group)
+    result = _run(name, group, "all_gather", value(inp), shape=tuple(out.shape))
+    write(out, result)
+    return result
+
+
+@handler("all_gather_into_tensor", "output_tensor")
+def _allgather_base_(a: dict) -> Any:
+    out, inp = tpu_tensors("all_gather_into_tensor", [a["output_tensor"], a["input_tensor"]])
+    group = groups.of(a["process_group"], "all_gather_into_tensor")
+    result = _gather_into_tensor(group, out, inp)
+    return out, _work("all_gather_into_tensor", group, [result], out)
+
+
+@handler("all_gather_into_tensor_coalesced", None)
+def allgather_into_tensor_coalesced_(a: dict) -> Any:
+    outs = tpu_tensors("all_gather_into_tensor", a["outputs"])
+    ins = tpu_tensors("all_gather_into_tensor", a["inputs"])
+    group = groups.of(a["process_group"], "all_gather_into_tensor")
+    results = [_gather_into_tensor(group, o, i) for o, i in zip(outs, ins)]
+    return _work("all_gather_into_tensor", group, results, outs)
+
+
+@handler("gather", None)
+def gather_(a: dict) -> Any:
+    (inp,) = tpu_tensors("gather", a["input_tensors"])
+    group = groups.of(a["process_group"], "gather")
+    root = a["root_rank"]
+    outs = a["output_tensors"][0] if a["output_tensors"] else []
+    if group.rank == root:
+        tpu_tensors("gather", outs, "gather_list tensor")
+        _check_list("gather", group, outs, inp, "gather_list")
+    else:
+        expect("gather", not outs, "only the destination rank passes a gather_list")
+    checks.agree("gather", (root,), [inp], group)
+    arrays = _gather_into_list("gather", group, inp, outs, group.rank == root)
+    return _work("gather", group, arrays, a["output_tensors"])
+
+
+# -- reduce-scatters ---------------------------------------------------------------------------------
+@handler("reduce_scatter", "output_tensors")
+def reduce_scatter_(a: dict) -> Any:
+    outs = tpu_tensors("reduce_scatter", a["output_tensors"])
+    group = groups.of(a["process_group"], "reduce_scatter")
+    op = reduce_name(a["reduce_op"], "reduce_scatter")
+    results = []
+    for out, chunks in zip(outs, a["input_tensors"]):
+        tpu_tensors("reduce_scatter", chunks, "input tensor")
+        _check_list("reduce_scatter", group, chunks, out, "the input list")
+        checks.agree("reduce_scatter", (op,), [out], group)
+        r = _run("reduce_scatter", group, "reduce_scatter", *[value(c) for c in chunks], op=op,
+                 concat=True, shape=tuple(out.shape))
+        write(out, r)
+        results.append(r)
+    return outs, _work("reduce_scatter", group, results, outs)
+
+
+def _scatter_tensor(group: Group, op: str, out: TpuTensor, inp: TpuTensor) -> jax.Array:
+    name = "reduce_scatter_tensor"
+    expect(name, inp.numel() == group.size * out.numel() and out.dtype == inp.dtype,
+           f"the input is {inp.dtype}{list(inp.shape)}, the output {out.dtype}{list(out.shape)}: "
+           f"the input must hold {group.size} outputs ({group.size * out.numel()} elements)")
+    checks.agree(name, (op,), [inp], group)
+    result = _run(name, group, "reduce_scatter", value(inp), op=op, concat=True,
+                  shape=tuple(out.shape))
+    write(out, result)
+    return result
+
+
+@handler("reduce_scatter_tensor", "output_tensor")
+def _reduce_scatter_base_(a: dict) -> Any:
+    out, inp = tpu_tensors("reduce_scatter_tensor", [a["output_tensor"], a["input_tensor"]])
+    group = groups.of(a["process_group"], "reduce_scatter_tensor")
+    result = _scatter_tensor(group, reduce_name(a["reduce_op"], "reduce_scatter_tensor"), out, inp)
+    return out, _work("reduce_scatter_tensor", group, [result], out)
+
+
+@handler("reduce_scatter_tensor_coalesced", None)
+def reduce_scatter_tensor_coalesced_(a: dict) -> Any:
+    outs = tpu_tensors("reduce_scatter_tensor", a["outputs"])
+    ins = tpu_tensors("reduce_scatter_tensor", a["inputs"])
+    group = groups.of(a["process_group"], "reduce_scatter_tensor")
+    op = reduce_name(a["reduce_op"], "reduce_scatter_tensor")
+    results = [_scatter_tensor(group, op, o, i) for o, i in zip(outs, ins)]
+    return _work("reduce_scatter_tensor", group, results, outs)
+
+
+@handler("scatter", "output_tensors")
+def scatter_(a: dict) -> Any:
+    (out,) = tpu_tensors("scatter", a["output_tensors"])
+    group = groups.of(a["process_group"], "scatter")
+    root = a["root_rank"]
+    chunks = a["input_tensors"][0] if a["input_tensors"] else []
+    if group.rank == root:
+        tpu_tensors("scatter", chunks, "scatter_list tensor")
+        _check_list("scatter", group, chunks, out, "scatter_list")
+        inputs = [value(c) for c in chunks]
+    else:
+        expect("scatter", not chunks, "only the source rank passes a scatter_list")
+        inputs = [jnp.zeros((group.size * out.numel(),), value(out).dtype)]
+    checks.agree("scatter", (root,), [out], group)
+    result = _run("scatter", group, "scatter", *inputs, root=root, concat=True,
+                  shape=tuple(out.shape))
+    write(out, result)
+    return [out], _work("scatter", group, [result], [out])
+
+
+# -- all-to-all ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _padder(splits: tuple[int, ...], rows: int) -> Callable:
+    """[sum(splits), ...] -> [k * rows, ...]: chunk j at block j, zero-padded to ``rows``."""
+    offsets = np.concatenate([[0], np.cumsum(splits)[:-1]]).astype(int)
+
+    def pad(x):
+        blocks = [jnp.pad(x[o:o + n], [(0, rows - n)] + [(0, 0)] * (x.ndim - 1))
+                  for o, n in zip(offsets, splits)]
+        return jnp.concatenate(blocks)
+    return jax.jit(pad)
+
+
+@functools.lru_cache(maxsize=256)
+def _unpadder(splits: tuple[int, ...], rows: int) -> Callable:
+    """[k * rows, ...] -> [sum(splits), ...]: the first ``splits[i]`` rows of block i."""
+    def unpad(x):
+        return jnp.concatenate([x[i * rows:i * rows + n] for i, n in enumerate(splits)])
+    return jax.jit(unpad)
+
+
+def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | None,
+                    recv: list[int] | None, out_rows: int) -> jax.Array:
+    """``x``'s rows split by ``send`` (rank j gets chunk j), the result's rows by ``recv``
+    (chunk i from rank i); ``None`` splits mean equal chunks."""
+    k = group.size
+    rest = tuple(x.shape[1:])
+    if not send and not recv:
+        expect(name, x.shape[0] % k == 0 and out_rows == x.shape[0],
+               f"input and output need the same number of rows, divisible by {k} ranks "
+               f"(got {x.shape[0]} and {out_rows}); pass split sizes for uneven chunks")
+        checks.agree(name, (rest, str(x.dtype), x.shape[0]), [], group)
+        return _run(name, group, "all_to_all", x)
+    send = list(send) if send else [x.shape[0] // k] * k
+    recv = list(recv) if recv else [out_rows // k] * k
+    expect(name, len(send) == k and len(recv) == k and sum(send) == x.shape[0] and sum(recv) == out_rows,
+           f"split sizes {send} (input, {x.shape[0]} rows) and {recv} (output, {out_rows} rows) "
+           f"must have one entry per rank ({k}) and add up to the rows")
+    every = checks.agree(name, (rest, str(x.dtype)), [], group, extra=send + recv)
+    sent = every[:, :k]                  # sent[i, j]: rows rank i sends to rank j
+    me = group.rank
+    if list(sent[:, me]) != recv:
+        raise checks.ArgumentMismatch(
+            f"tpu {name} over ranks {list(group.ranks)}: rank {group.ranks[me]} expects "
+            f"{recv} rows from the ranks, they send it {[int(v) for v in sent[:, me]]}: each "
+            f"rank's output_split_sizes must match what the others' input_split_sizes send it")
+    rows = max(int(sent.max()), 1)
+    padded = _padder(tuple(send), rows)(x)
+    mixed = _run(name, group, "all_to_all", padded)
+    return _unpadder(tuple(recv), rows)(mixed)
+
+
+@handler("all_to_all_single", None)
+def alltoall_base_(a: dict) -> Any:
+    out, inp = tpu_tensors("all_to_all_single", [a["output"], a["input"]])
+    group = groups.of(a["process_group"], "all_to_all_single")
+    expect("all_to_all_single", out.dtype == inp.dtype and tuple(out.shape[1:]) == tuple(inp.shape[1:]),
+           f"input {inp.dtype}{list(inp.shape)} and output {out.dtype}{list(out.shape)} must "
+           f"agree in dtype and in every dimension but the first")
+    result = all_to_all_rows("all_to_all_single", group, value(inp), a["input_split_sizes"],
+                             a["output_split_sizes"], out.shape[0])
+    write(out, result)
+    return _work("all_to_all_single", group, [result], out)
+
+
+@handler("all_to_all", "output_tensors")
+def alltoall_(a: dict) -> Any:
+    outs = tpu_tensors("all_to_all", a["output_tensors"], "output tensor")
+    ins = tpu_tensors("all_to_all", a["input_tensors"], "input tensor")
+    group = groups.of(a["process_group"], "all_to_all")
+    expect("all_to_all", len(ins) == group.size and len(outs) == group.size,
+           f"pass {group.size} input and {group.size} output tensors (one per rank), got "
+           f"{len(ins)} and {len(outs)}")
+    expect("all_to_all", len({t.dtype for t in ins + outs}) == 1, "all tensors need one dtype")
+    flat = jnp.concatenate([value(t).reshape(-1) for t in ins])
+    result = all_to_all_rows("all_to_all", group, flat, [t.numel() for t in ins],
+                             [t.numel() for t in outs], sum(t.numel() for t in outs))
+    offsets = np.cumsum([0] + [t.numel() for t in outs])
+    for t, o, n in zip(outs, offsets, (t.numel() for t in outs)):
+        write(t, result[o:o + n].reshape(tuple(t.shape)))
+    return outs, _work("all_to_all", group, [result], outs)
+
+
+# -- barrier and point to point ------------------------------------------------------------------------
+@handler("barrier", None)
+def barrier(a: dict) -> Any:
+    group = groups.of(a["process_group"], "barrier")
+    checks.agree("barrier", (), [], group)
+    token = _run("barrier", group, "barrier", np.zeros((1,), np.int32))
+    return _work("barrier", group, [token], [])
+
+
+def monitored_barrier_(op, args, kwargs) -> None:
+    a = bind(op, args, kwargs)
+    group = groups.of(a["process_group"], "monitored_barrier")
+    token = _run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
+    from tpu_kernels.distributed.work import wait_ready
+    wait_ready([token], "monitored_barrier", group, a["timeout"] / 1000 if a["timeout"] > 0 else None)
+
+
+def _p2p(name: str, a: dict, peer: int, sending: bool) -> Any:
+    (t,) = tpu_tensors(name, a["tensors"])
+    group = groups.of(a["process_group"], name)
+    expect(name, 0 <= peer < group.size and peer != group.rank,
+           f"peer rank {peer} is not another rank of the group (size {group.size})")
+    me_g, peer_g = group.ranks[group.rank], group.ranks[peer]
+    pair = tuple(sorted((me_g, peer_g)))
+    src, dst = (me_g, peer_g) if sending else (peer_g, me_g)
+    link = Group(f"{group.name}:{pair}", pair, pair.index(me_g), group.timeout)
+    try:
+        checks.agree("send/recv", (src, dst), [t], link)
+    except checks.ArgumentMismatch as exc:
+        raise checks.ArgumentMismatch(
+            f"tpu {name} between ranks {src} -> {dst}: the peer's next send/recv does not match "
+            f"it ({exc}). On tpu a send pairs with the peer's recv, in program order, with the "
+            f"same shape and dtype; for exchanges in both directions use all_to_all_single") from exc
+    result = _run(name, link, "ppermute", value(t), pairs=((pair.index(src), pair.index(dst)),))
+    if not sending:
+        write(t, result)
+    return _work(name, link, [result], [t])
+
+
+@handler("send", None)
+def send(a: dict) -> Any:
+    return _p2p("send", a, a["dst"], sending=True)
+
+
+@handler("recv", None)
+def recv_(a: dict) -> Any:
+    return _p2p("recv", a, a["src"], sending=False)
+
+
+def recv_any_source_(op, args, kwargs) -> Any:
+    raise NotImplementedError(
+        "tpu recv: receiving from any source (src=None) is not supported: a tpu transfer is a "
+        "program both ranks run. Pass src=<rank>, or use all_to_all_single / broadcast")
+
+
+HANDLERS = {
+    c10d.allreduce_.default: allreduce_, c10d.allreduce_coalesced_.default: allreduce_coalesced_,
+    c10d.reduce_.default: reduce_, c10d.broadcast_.default: broadcast_,
+    c10d.allgather_.default: allgather_, c10d.allgather_coalesced_.default: allgather_coalesced_,
+    c10d._allgather_base_.default: _allgather_base_,
+    c10d.allgather_into_tensor_coalesced_.default: allgather_into_tensor_coalesced_,
+    c10d.gather_.default: gather_, c10d.reduce_scatter_.default: reduce_scatter_,
+    c10d._reduce_scatter_base_.default: _reduce_scatter_base_,
+    c10d.reduce_scatter_tensor_coalesced_.default: reduce_scatter_tensor_coalesced_,
+    c10d.scatter_.default: scatter_, c10d.alltoall_base_.default: alltoall_base_,
+    c10d.alltoall_.default: alltoall_, c10d.barrier.default: barrier,
+    c10d.monitored_barrier_.default: monitored_barrier_, c10d.send.default: send,
+    c10d.recv_.default: recv_, c10d.recv_any_source_.default: recv_any_source_,
+}
+
+__all__ = ["HANDLERS", "CollectiveError", "bind", "reduce_name", "all_to_all_rows"]

@@ -55,7 +55,10 @@ def _backend_module() -> types.ModuleType:
     m.set_rng_state = lambda state, device=None: random_state.set_state(tuple(state.tolist()))
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     m.is_bf16_supported = lambda including_emulation=True: True
-    m.jax_device = lambda: jax.devices()[0]
+    m.jax_device = lambda: jax.local_devices()[0]   # this process's, under jax.distributed
+    from tpu_kernels import streams
+    for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
+        setattr(m, name, getattr(streams, name))
     return m
 
 

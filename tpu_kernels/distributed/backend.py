@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 from tpu_kernels.distributed import groups, world
@@ -27,21 +28,12 @@ def create(opts: Any, backend_options: Any) -> ProcessGroupGloo:
     return ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
 
 
-def _fsdp_op(op, args, kwargs) -> Any:
-    """FSDP2's own ops (``fsdp::all_gather_copy_in`` & co.) are torch code over views and
-    copies: run their CPU kernel, which calls torch ops that come back here per tensor."""
-    import torch
-    return op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs)
-
-
 def handlers() -> dict:
     """Every op this package handles on tpu tensors -> its handler."""
-    import torch
-    from tpu_kernels.distributed import c10d_ops, functional
+    from tpu_kernels.distributed import c10d_ops, fsdp, functional
     out = dict(c10d_ops.HANDLERS)
     out.update(functional.handlers())
-    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (defines fsdp::)
-    import torch.distributed.fsdp._fully_shard._fsdp_param  # noqa: F401
-    for name in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "copy_"):
-        out[getattr(torch.ops.fsdp, name).default] = _fsdp_op
+    out.update(fsdp.install())
+    # torch.distributed.checkpoint records whether each saved tensor is pinned host memory
+    out[torch.ops.aten.is_pinned.default] = lambda op, args, kwargs: False
     return out

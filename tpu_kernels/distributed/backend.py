@@ -30,7 +30,7 @@ def create(opts: Any, backend_options: Any) -> ProcessGroupGloo:
 
 def handlers() -> dict:
     """Every op this package handles on tpu tensors -> its handler."""
-    from tpu_kernels.distributed import c10d_ops, fsdp, functional
+    from tpu_kernels.distributed import c10d_ops, dtensor_ops, fsdp, functional  # noqa: F401
     out = dict(c10d_ops.HANDLERS)
     out.update(functional.handlers())
     out.update(fsdp.install())

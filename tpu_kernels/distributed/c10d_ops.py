@@ -9,6 +9,7 @@ tensors, and returns a ``TpuWork``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -72,6 +73,13 @@ def expect(collective: str, cond: bool, message: str) -> None:
         raise ValueError(f"tpu {collective}: {message}")
 
 
+def _group(a: dict, name: str) -> Group:
+    """The op's group; its timeout is the op's own (``Options.timeout``) when it has one."""
+    group = groups.of(a["process_group"], name)
+    ms = a.get("timeout", -1)
+    return dataclasses.replace(group, timeout=ms / 1000) if ms and ms > 0 else group
+
+
 def _work(name: str, group: Group, arrays: list, result: Any) -> Any:
     return TpuWork(name, group, [a for a in arrays if a is not None], result).boxed()
 
@@ -109,7 +117,7 @@ def handler(name: str, returns_tensors: str | None) -> Callable:
 @handler("all_reduce", "tensors")
 def allreduce_(a: dict) -> Any:
     ts = tpu_tensors("all_reduce", a["tensors"])
-    group = groups.of(a["process_group"], "all_reduce")
+    group = _group(a, "all_reduce")
     op = reduce_name(a["reduce_op"], "all_reduce")
     expect("all_reduce", a.get("sparse_indices") is None, "sparse tensors are not supported")
     checks.agree("all_reduce", (op,), ts, group)
@@ -127,7 +135,7 @@ def allreduce_coalesced_(a: dict) -> Any:
 @handler("reduce", None)
 def reduce_(a: dict) -> Any:
     ts = tpu_tensors("reduce", a["tensors"])
-    group = groups.of(a["process_group"], "reduce")
+    group = _group(a, "reduce")
     op = reduce_name(a["reduce_op"], "reduce")
     root = a["root_rank"]
     checks.agree("reduce", (op, root), ts, group)
@@ -141,7 +149,7 @@ def reduce_(a: dict) -> Any:
 @handler("broadcast", "tensors")
 def broadcast_(a: dict) -> Any:
     ts = tpu_tensors("broadcast", a["tensors"])
-    group = groups.of(a["process_group"], "broadcast")
+    group = _group(a, "broadcast")
     root = a["root_rank"]
     checks.agree("broadcast", (root,), ts, group)
     outs = [_run("broadcast", group, "broadcast", value(t), root=root) for t in ts]
@@ -171,7 +179,7 @@ def _check_list(name: str, group: Group, outs: list, like: torch.Tensor, what: s
 @handler("all_gather", "output_tensors")
 def allgather_(a: dict) -> Any:
     ins = tpu_tensors("all_gather", a["input_tensors"])
-    group = groups.of(a["process_group"], "all_gather")
+    group = _group(a, "all_gather")
     arrays = []
     for inp, outs in zip(ins, a["output_tensors"]):
         tpu_tensors("all_gather", outs, "output tensor")
@@ -201,7 +209,7 @@ def _gather_into_tensor(group: Group, out: TpuTensor, inp: TpuTensor) -> jax.Arr
 @handler("all_gather_into_tensor", "output_tensor")
 def _allgather_base_(a: dict) -> Any:
     out, inp = tpu_tensors("all_gather_into_tensor", [a["output_tensor"], a["input_tensor"]])
-    group = groups.of(a["process_group"], "all_gather_into_tensor")
+    group = _group(a, "all_gather_into_tensor")
     result = _gather_into_tensor(group, out, inp)
     return out, _work("all_gather_into_tensor", group, [result], out)
 
@@ -210,7 +218,7 @@ def _allgather_base_(a: dict) -> Any:
 def allgather_into_tensor_coalesced_(a: dict) -> Any:
     outs = tpu_tensors("all_gather_into_tensor", a["outputs"])
     ins = tpu_tensors("all_gather_into_tensor", a["inputs"])
-    group = groups.of(a["process_group"], "all_gather_into_tensor")
+    group = _group(a, "all_gather_into_tensor")
     results = [_gather_into_tensor(group, o, i) for o, i in zip(outs, ins)]
     return _work("all_gather_into_tensor", group, results, outs)
 
@@ -218,7 +226,7 @@ def allgather_into_tensor_coalesced_(a: dict) -> Any:
 @handler("gather", None)
 def gather_(a: dict) -> Any:
     (inp,) = tpu_tensors("gather", a["input_tensors"])
-    group = groups.of(a["process_group"], "gather")
+    group = _group(a, "gather")
     root = a["root_rank"]
     outs = a["output_tensors"][0] if a["output_tensors"] else []
     if group.rank == root:
@@ -235,7 +243,7 @@ def gather_(a: dict) -> Any:
 @handler("reduce_scatter", "output_tensors")
 def reduce_scatter_(a: dict) -> Any:
     outs = tpu_tensors("reduce_scatter", a["output_tensors"])
-    group = groups.of(a["process_group"], "reduce_scatter")
+    group = _group(a, "reduce_scatter")
     op = reduce_name(a["reduce_op"], "reduce_scatter")
     results = []
     for out, chunks in zip(outs, a["input_tensors"]):
@@ -264,7 +272,7 @@ def _scatter_tensor(group: Group, op: str, out: TpuTensor, inp: TpuTensor) -> ja
 @handler("reduce_scatter_tensor", "output_tensor")
 def _reduce_scatter_base_(a: dict) -> Any:
     out, inp = tpu_tensors("reduce_scatter_tensor", [a["output_tensor"], a["input_tensor"]])
-    group = groups.of(a["process_group"], "reduce_scatter_tensor")
+    group = _group(a, "reduce_scatter_tensor")
     result = _scatter_tensor(group, reduce_name(a["reduce_op"], "reduce_scatter_tensor"), out, inp)
     return out, _work("reduce_scatter_tensor", group, [result], out)
 
@@ -273,7 +281,7 @@ def _reduce_scatter_base_(a: dict) -> Any:
 def reduce_scatter_tensor_coalesced_(a: dict) -> Any:
     outs = tpu_tensors("reduce_scatter_tensor", a["outputs"])
     ins = tpu_tensors("reduce_scatter_tensor", a["inputs"])
-    group = groups.of(a["process_group"], "reduce_scatter_tensor")
+    group = _group(a, "reduce_scatter_tensor")
     op = reduce_name(a["reduce_op"], "reduce_scatter_tensor")
     results = [_scatter_tensor(group, op, o, i) for o, i in zip(outs, ins)]
     return _work("reduce_scatter_tensor", group, results, outs)
@@ -282,7 +290,7 @@ def reduce_scatter_tensor_coalesced_(a: dict) -> Any:
 @handler("scatter", "output_tensors")
 def scatter_(a: dict) -> Any:
     (out,) = tpu_tensors("scatter", a["output_tensors"])
-    group = groups.of(a["process_group"], "scatter")
+    group = _group(a, "scatter")
     root = a["root_rank"]
     chunks = a["input_tensors"][0] if a["input_tensors"] else []
     if group.rank == root:
@@ -338,13 +346,14 @@ def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | Non
            f"split sizes {send} (input, {x.shape[0]} rows) and {recv} (output, {out_rows} rows) "
            f"must have one entry per rank ({k}) and add up to the rows")
     every = checks.agree(name, (rest, str(x.dtype)), [], group, extra=send + recv)
-    sent = every[:, :k]                  # sent[i, j]: rows rank i sends to rank j
-    me = group.rank
-    if list(sent[:, me]) != recv:
-        raise checks.ArgumentMismatch(
-            f"tpu {name} over ranks {list(group.ranks)}: rank {group.ranks[me]} expects "
-            f"{recv} rows from the ranks, they send it {[int(v) for v in sent[:, me]]}: each "
-            f"rank's output_split_sizes must match what the others' input_split_sizes send it")
+    sent, expected = every[:, :k], every[:, k:2 * k]   # [i, j]: rows i sends j / i expects from j
+    for i in range(k):        # every rank checks every rank, so all of them raise together
+        if list(sent[:, i]) != list(expected[i]):
+            raise checks.ArgumentMismatch(
+                f"tpu {name} over ranks {list(group.ranks)}: rank {group.ranks[i]} expects "
+                f"{[int(v) for v in expected[i]]} rows from the ranks, they send it "
+                f"{[int(v) for v in sent[:, i]]}: each rank's output_split_sizes must match "
+                f"what the others' input_split_sizes send it")
     rows = max(int(sent.max()), 1)
     padded = _padder(tuple(send), rows)(x)
     mixed = _run(name, group, "all_to_all", padded)
@@ -354,7 +363,7 @@ def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | Non
 @handler("all_to_all_single", None)
 def alltoall_base_(a: dict) -> Any:
     out, inp = tpu_tensors("all_to_all_single", [a["output"], a["input"]])
-    group = groups.of(a["process_group"], "all_to_all_single")
+    group = _group(a, "all_to_all_single")
     expect("all_to_all_single", out.dtype == inp.dtype and tuple(out.shape[1:]) == tuple(inp.shape[1:]),
            f"input {inp.dtype}{list(inp.shape)} and output {out.dtype}{list(out.shape)} must "
            f"agree in dtype and in every dimension but the first")
@@ -368,7 +377,7 @@ def alltoall_base_(a: dict) -> Any:
 def alltoall_(a: dict) -> Any:
     outs = tpu_tensors("all_to_all", a["output_tensors"], "output tensor")
     ins = tpu_tensors("all_to_all", a["input_tensors"], "input tensor")
-    group = groups.of(a["process_group"], "all_to_all")
+    group = _group(a, "all_to_all")
     expect("all_to_all", len(ins) == group.size and len(outs) == group.size,
            f"pass {group.size} input and {group.size} output tensors (one per rank), got "
            f"{len(ins)} and {len(outs)}")
@@ -385,7 +394,7 @@ def alltoall_(a: dict) -> Any:
 # -- barrier and point to point ------------------------------------------------------------------------
 @handler("barrier", None)
 def barrier(a: dict) -> Any:
-    group = groups.of(a["process_group"], "barrier")
+    group = _group(a, "barrier")
     checks.agree("barrier", (), [], group)
     token = _run("barrier", group, "barrier", np.zeros((1,), np.int32))
     return _work("barrier", group, [token], [])
@@ -393,7 +402,7 @@ def barrier(a: dict) -> Any:
 
 def monitored_barrier_(op, args, kwargs) -> None:
     a = bind(op, args, kwargs)
-    group = groups.of(a["process_group"], "monitored_barrier")
+    group = _group(a, "monitored_barrier")
     token = _run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
     from tpu_kernels.distributed.work import wait_ready
     wait_ready([token], "monitored_barrier", group, a["timeout"] / 1000 if a["timeout"] > 0 else None)
@@ -401,7 +410,7 @@ def monitored_barrier_(op, args, kwargs) -> None:
 
 def _p2p(name: str, a: dict, peer: int, sending: bool) -> Any:
     (t,) = tpu_tensors(name, a["tensors"])
-    group = groups.of(a["process_group"], name)
+    group = _group(a, name)
     expect(name, 0 <= peer < group.size and peer != group.rank,
            f"peer rank {peer} is not another rank of the group (size {group.size})")
     me_g, peer_g = group.ranks[group.rank], group.ranks[peer]

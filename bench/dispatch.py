@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-import tpu_kernels
+from tpu_kernels.deferred_mode import deferred
 from tpu_kernels.bench.timing import measure
 from tpu_kernels.models import GPT, GPTConfig
 
@@ -41,7 +41,7 @@ def cases() -> list[tuple[str, callable]]:
             return fwd
 
         def deferred_fwd():
-            with tpu_kernels.deferred():
+            with deferred():
                 return fwd()
         return deferred_fwd
     return [("add 64x64", add), ("mm 256x256", mm), ("softmax 1024x1024", softmax),

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-import tpu_kernels
+from tpu_kernels.deferred_mode import deferred
 from tpu_kernels.bench import jax_gpt
 from tpu_kernels.bench.timing import measure
 from tpu_kernels.models import GPT, GPTConfig
@@ -45,7 +45,7 @@ def _forward(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
         m = torch.compile(m)
 
     def call():
-        with torch.no_grad(), (tpu_kernels.deferred() if mode == "tpu deferred" else contextlib.nullcontext()):
+        with torch.no_grad(), (deferred() if mode == "tpu deferred" else contextlib.nullcontext()):
             return m(toks)
     return call
 
@@ -72,7 +72,7 @@ def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any
         opt_step = torch.compile(opt.step, backend=backend)
 
     def step():
-        with tpu_kernels.deferred() if mode == "tpu deferred" else contextlib.nullcontext():
+        with deferred() if mode == "tpu deferred" else contextlib.nullcontext():
             opt.zero_grad()
             loss = loss_fn(toks)
             loss.backward()

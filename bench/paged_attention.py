@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
-import os
 import re
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import config as jax_config
 
+from tpu_kernels import aot
 from tpu_kernels.pallas import ragged_paged_attention as rpa
 from tpu_kernels.pallas import tpu_info
 
-# libtpu compile-only topology per chip of the table (1x1 is refused: 2x2 is the smallest);
-# TPU7x is "v7" or "v7x" in the table
-TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "v7": "tpu7x:2x2x1", "v7x": "tpu7x:2x2x1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,16 +82,6 @@ WORKLOADS = {w.name: w for w in [
 ]}
 
 
-@functools.cache
-def _device(chip: str):
-    from jax.experimental.topologies import get_topology_desc
-    # before libtpu loads: no metadata server here, and other processes (test workers,
-    # other compiles) may hold libtpu's lockfile: compile-only needs no exclusive chip
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return get_topology_desc(platform="tpu", topology_name=TOPOLOGIES[chip]).devices[0]
-
-
 def scoped_vmem(hlo_text: str, kernel: str = "ragged_paged_attention") -> int | None:
     """VMEM the compiler scoped for the kernel's custom call (bytes), from its HLO."""
     for line in hlo_text.splitlines():
@@ -108,14 +93,9 @@ def scoped_vmem(hlo_text: str, kernel: str = "ragged_paged_attention") -> int | 
 
 def compile_kernel(chip: str, w: Workload) -> dict:
     """Compile the kernel for ``chip`` at the workload's shapes (nothing is allocated)."""
-    sharding = jax.sharding.SingleDeviceSharding(_device(chip))
-    specs = [jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sharding)
-             for shape, dt in w.shapes()]
-    fn = functools.partial(rpa.ragged_paged_attention, interpret=False)
+    specs = [jax.ShapeDtypeStruct(shape, jnp.dtype(dt)) for shape, dt in w.shapes()]
     t0 = time.perf_counter()
-    # the persistent cache cannot load executables of a compile-only client: skip it
-    with jax_config.enable_compilation_cache(False):
-        compiled = jax.jit(fn).lower(*specs).compile()
+    compiled = aot.compile(rpa.ragged_paged_attention, *specs, chip=chip).executable
     seconds = time.perf_counter() - t0
     ca, mem = compiled.cost_analysis(), compiled.memory_analysis()
     return {"chip": chip, "workload": w.name, "compile_s": seconds,

@@ -10,7 +10,10 @@ import dataclasses
 import functools
 import time
 
+import jax
 import torch
+
+from tpu_kernels.pallas.tpu_info import CHIPS, GPUS, device_chip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,6 @@ def cpu_peak(n: int = 1024, copy_mib: int = 64, budget_s: float = 1.0) -> Peak:
 
 def table_peak(name: str) -> Peak:
     """A TPU generation (``v5e``...) or GPU (``H100``...) from the tpu_info tables."""
-    from tpu_kernels.pallas.tpu_info import CHIPS, GPUS
     row = CHIPS.get(name) or GPUS.get(name)
     if row is None:
         raise KeyError(f"no peak row {name!r}; known: {sorted(CHIPS) + sorted(GPUS)}")
@@ -68,13 +70,10 @@ def table_peak(name: str) -> Peak:
 
 def device_peak() -> Peak:
     """The peak of the device tpu tensors run on: JAX's default device."""
-    import jax
     backend = jax.default_backend()
     if backend == "tpu":
-        from tpu_kernels.pallas.tpu_info import current_chip
-        return table_peak(current_chip().name)
+        return table_peak(device_chip().name)
     if backend in ("gpu", "cuda", "rocm"):
-        from tpu_kernels.pallas.tpu_info import GPUS
         kind = jax.devices()[0].device_kind
         for name in GPUS:
             if name.lower() in kind.lower():
@@ -84,6 +83,5 @@ def device_peak() -> Peak:
 
 
 def device_description() -> str:
-    import jax
     d = jax.devices()[0]
     return f"{jax.default_backend()}: {getattr(d, 'device_kind', d.platform)}"

@@ -19,21 +19,27 @@ import datetime
 import importlib
 import json
 import os
-import pkgutil
 import platform
 import sys
 import time
 from typing import Any, Callable, Iterable
 
+import jax
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from tpu_kernels import registry
+from tpu_kernels.bench import peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
+from tpu_kernels.bench.correctness import check_outputs
+from tpu_kernels.bench.timing import measure_call, outputs, sync_all
+from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.registry import manifest
+from tpu_kernels.registry.kinds import KERNEL_KINDS
 
 RESULTS = os.path.join(".tpu_kernels", "bench.json")
 PLOTS = os.path.join(".tpu_kernels", "bench")
 FORMAT = 1
-KERNEL_KINDS = ("pallas", "helion")
 SETTLE_S = 0.15
 HEADER_NOTE = ("tpu impls are timed through the tpu device in eager mode (tensors on tpu, the op "
                "called with the impl forced, synchronised with block_until_ready): the times "
@@ -44,21 +50,22 @@ HEADER_NOTE = ("tpu impls are timed through the tpu device in eager mode (tensor
 DTYPES = {"float32": torch.float32, "f32": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
           "f16": torch.float16}
-# Relative error (max |a - b| / max |b|) accepted by the correctness check, per dtype.
-TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 # -- definitions -------------------------------------------------------------------------------
 def load_benchmarks() -> list[KernelBench]:
-    """Every ``BENCHMARKS`` entry of ``tpu_kernels.bench.defs.*``."""
-    from tpu_kernels.bench import defs
+    """Every kernel's ``KernelBench`` entries, from the kernel manifest's bench modules."""
     out: list[KernelBench] = []
-    for m in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
-        if m.name.startswith("_"):
-            continue
-        mod = importlib.import_module(f"{defs.__name__}.{m.name}")
-        out.extend(getattr(mod, "BENCHMARKS", ()))
+    for name in manifest.bench_modules():
+        out.extend(importlib.import_module(name).BENCHMARKS)
     return out
+
+
+def kernel_cases(k: manifest.Kernel) -> list[tuple[KernelBench, Case]]:
+    """(KernelBench, Case) pairs of kernel ``k``: the shapes it is written for (those not
+    marked ``quick`` are the production ones a real TPU compile should check)."""
+    benches = importlib.import_module(k.bench_module).BENCHMARKS
+    return [(b, c) for b in benches if b.name in k.bench for c in b.cases]
 
 
 def select(benches: Iterable[KernelBench], kernel: str | None = None, shape: str | None = None,
@@ -91,77 +98,6 @@ def select(benches: Iterable[KernelBench], kernel: str | None = None, shape: str
     return out
 
 
-def resolve_op(name: str) -> Any:
-    ns, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, ns), op), overload)
-
-
-# -- timing ------------------------------------------------------------------------------------
-def _sync(out: Any) -> None:
-    from tpu_kernels.bench.timing import sync
-    for t in tree_flatten(out)[0]:
-        sync(t)
-
-
-def _outputs(result: Any, args: Any) -> list[torch.Tensor]:
-    """The tensors an op produced: its results, or (in-place ops returning nothing) its args."""
-    ts = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-    return ts or [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
-
-
-def measure(call: Callable[[], Any], sync_of: Callable[[Any], list], *, warmup: int, iters: int,
-            budget_s: float) -> tuple[dict[str, float], Any]:
-    """Time ``call``: the first call (compile included), then ``warmup`` calls, then up to
-    ``iters`` timed calls (at least 3, fewer than ``iters`` once ``budget_s`` is spent).
-    Returns the stats and the first call's result."""
-    import statistics
-    t0 = time.perf_counter()
-    first_out = call()
-    _sync(sync_of(first_out))
-    first = time.perf_counter() - t0
-    for _ in range(warmup):
-        _sync(sync_of(call()))
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < iters:
-        t0 = time.perf_counter()
-        _sync(sync_of(call()))
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    med = statistics.median(times)
-    return ({"first_s": first, "median_s": med, "min_s": min(times), "max_s": max(times),
-             "compile_s": max(first - med, 0.0), "n": len(times)}, first_out)
-
-
-def _rel_err(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float | str:
-    if len(got) != len(ref):
-        return f"{len(got)} outputs, expected {len(ref)}"
-    worst = 0.0
-    # integer outputs next to float ones are indices (topk, max.dim): ties may pick other
-    # indices legitimately, so only the float outputs are judged then
-    any_float = any(r.is_floating_point() for r in ref)
-    for g, r in zip(got, ref):
-        if any_float and not r.is_floating_point():
-            continue
-        g = g.detach().cpu()
-        if tuple(g.shape) != tuple(r.shape):
-            return f"shape {tuple(g.shape)} != {tuple(r.shape)}"
-        if g.numel() == 0:
-            continue
-        if not r.is_floating_point():
-            worst = max(worst, float((g != r).any()))
-            continue
-        g, r = g.double(), r.double()
-        finite = torch.isfinite(r)
-        if not torch.equal(finite, torch.isfinite(g)):
-            return "non-finite values differ"
-        if finite.any():
-            scale = r[finite].abs().max().item() or 1.0
-            worst = max(worst, (g[finite] - r[finite]).abs().max().item() / scale)
-    return worst
-
-
 # -- one case ------------------------------------------------------------------------------------
 def _meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -181,8 +117,16 @@ def impl_label(impl: Any) -> str:
     return f"{impl.kind}:{impl.name}"
 
 
+def op_id(bench: KernelBench) -> str:
+    """The op as results files and the coverage report name it (``aten.mm.default``)."""
+    try:
+        return str(bench.overload())
+    except ValueError:
+        return bench.op
+
+
 def _result(bench: KernelBench, c: Case, impl: str, kind: str, **kw: Any) -> dict:
-    r = {"kernel": bench.name, "op": bench.op, "case": c.label, "dims": dict(c.dims),
+    r = {"kernel": bench.name, "op": op_id(bench), "case": c.label, "dims": dict(c.dims),
          "dtype": str(c.dtype).replace("torch.", ""), "impl": impl, "kind": kind,
          "flops": float(bench.flops(c)), "bytes": float(bench.bytes(c))}
     r.update(kw)
@@ -220,18 +164,14 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
              warmup: int, iters: int, budget_s: float, device_peak, cpu_peak,
              emit: Callable[[dict], None]) -> list[dict]:
     """Every selected impl of ``bench.op`` on case ``c``, then torch on the CPU."""
-    from tpu_kernels import registry
-    from tpu_kernels.pallas.tpu_info import on_tpu
-
     try:
-        op = resolve_op(bench.op)
-    except (AttributeError, RuntimeError, ValueError) as exc:   # a definition ahead of its op
+        op = bench.overload()
+    except ValueError as exc:   # a definition ahead of its op
         r = _result(bench, c, "none", "none", device="-", mode="-", status="skipped",
                     reason=f"op {bench.op} is not defined ({type(exc).__name__})")
         emit(r)
         return [r]
     args, kwargs = bench.make_args(c)
-    tol = TOLERANCE.get(c.dtype, 2e-3)
     results: list[dict] = []
 
     def done(r: dict) -> None:
@@ -246,13 +186,13 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     # CPU, torch's intra-op threads otherwise wait for scheduler ticks (ms-sized stalls).
     time.sleep(SETTLE_S)
     try:
-        stats, out = measure(lambda: op(*cpu_args, **cpu_kwargs),
+        stats, out = measure_call(lambda: op(*cpu_args, **cpu_kwargs),
                              lambda o: [], warmup=warmup, iters=iters, budget_s=budget_s)
-        ref = [t.clone() for t in _outputs(out, cpu_args)]
+        ref = [t.clone() for t in outputs(out, cpu_args)]
         # in-place ops returning nothing: the reference is the state after ONE call
         if not [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]:
             one_args, one_kwargs = tree_map(_clone, args), tree_map(_clone, kwargs)
-            ref = [t.clone() for t in _outputs(op(*one_args, **one_kwargs), one_args)]
+            ref = [t.clone() for t in outputs(op(*one_args, **one_kwargs), one_args)]
         r = _result(bench, c, "torch_cpu", "torch_cpu", device="cpu", mode="torch-cpu",
                     status="ok", **stats)
         _add_rates(r, cpu_peak)
@@ -280,25 +220,25 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
                          reason="off TPU: kernels run only in interpret mode (pass --interpret)",
                          **base))
             continue
-        refusal = impl.check(*meta_args, **meta_kwargs)
+        refusal = _refusal(impl, op, meta_args, meta_kwargs, is_kernel)
         if refusal:
             done(_result(bench, c, label, impl.kind, status="skipped",
                          reason=f"refused: {refusal}", **base))
             continue
         try:
             t_args, t_kwargs = tree_map(_to_tpu, args), tree_map(_to_tpu, kwargs)
-            _sync([t_args, t_kwargs])
+            sync_all([t_args, t_kwargs])
             with registry.force(impl, interpret=is_kernel):
                 def call():
                     return op(*t_args, **t_kwargs)
 
                 def outs(o):
-                    return _outputs(o, t_args)
+                    return outputs(o, t_args)
                 if mode == "interpret":
-                    stats, out = measure(call, outs, warmup=0, iters=1, budget_s=0.0)
+                    stats, out = measure_call(call, outs, warmup=0, iters=1, budget_s=0.0)
                 else:
-                    stats, out = measure(call, outs, warmup=warmup, iters=iters, budget_s=budget_s)
-            got = _outputs(out, t_args)
+                    stats, out = measure_call(call, outs, warmup=warmup, iters=iters, budget_s=budget_s)
+            got = outputs(out, t_args)
             if ref is None:
                 check = {"ok": None, "note": f"no CPU reference ({ref_error})"}
             else:
@@ -306,10 +246,8 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
                     # in-place op: compare the state after one call on fresh tensors
                     f_args, f_kwargs = tree_map(_to_tpu, args), tree_map(_to_tpu, kwargs)
                     with registry.force(impl, interpret=is_kernel):
-                        got = _outputs(op(*f_args, **f_kwargs), f_args)
-                err = _rel_err(got, ref)
-                check = ({"ok": err <= tol, "rel_err": err, "tol": tol} if isinstance(err, float)
-                         else {"ok": False, "note": err})
+                        got = outputs(op(*f_args, **f_kwargs), f_args)
+                check = check_outputs(got, ref, c.dtype)
             r = _result(bench, c, label, impl.kind, status="ok", check=check, **stats, **base)
             _add_rates(r, device_peak)
             if cpu_result.get("median_s") and mode == "compiled":
@@ -323,6 +261,16 @@ def run_case(bench: KernelBench, c: Case, *, impls: list[str] | None, interpret:
     return results
 
 
+def _refusal(impl: Any, op: Any, meta_args: tuple, meta_kwargs: dict, is_kernel: bool) -> str | None:
+    """Why the route would not run ``impl`` for this case while it is forced, or None."""
+    with registry.force(impl, interpret=is_kernel):
+        r = registry.route(op, meta_args, meta_kwargs)
+    if r.impl is impl:
+        return None
+    why = next((why for i, why in r.skipped if i is impl), f"the route takes {r.kind} {r.impl}")
+    return why.removeprefix("forced, but refuses: ")
+
+
 # -- the whole run ---------------------------------------------------------------------------------
 def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | None = None,
         impl: str | None = None, quick: bool = False, interpret: bool = False,
@@ -330,13 +278,9 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         warmup: int | None = None, iters: int | None = None, out=print,
         progress=None) -> dict:
     """Run the selected benchmarks; print the table; write JSON and plots. Returns the run."""
-    from tpu_kernels.bench import peaks, report
-
     if progress is None:
         def progress(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
-    import tpu_kernels  # noqa: F401  (the tpu device)
-
     pairs = select(load_benchmarks(), kernel, shape, dtype, quick)
     wanted = [w.strip() for w in impl.split(",")] if impl else None
     warmup = (1 if quick else 3) if warmup is None else warmup
@@ -388,7 +332,6 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
 
 
 def _jax_version() -> str:
-    import jax
     return jax.__version__
 
 

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from tpu_kernels.registry.opnames import resolve_overload
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -33,14 +35,18 @@ def case(dtype: torch.dtype = torch.float32, quick: bool = False, **dims: int) -
 
 @dataclasses.dataclass(frozen=True)
 class KernelBench:
-    """A kernel's benchmark: ``op`` is an ATen or custom op name (``"aten.mm.default"``,
-    ``"tpu_kernels.ragged_dot.default"``) the registry resolves."""
+    """A kernel's benchmark: ``op`` is an op name as the registry spells it
+    (``"aten::mm"``, ``"aten::var_mean.correction"``, ``"tpu_kernels::ragged_dot"``)."""
     name: str
     op: str
     make_args: Callable[[Case], tuple[tuple[Any, ...], dict[str, Any]]]  # CPU torch args, kwargs
     flops: Callable[[Case], float]
     bytes: Callable[[Case], float]   # minimal HBM traffic: inputs read + outputs written
     cases: tuple[Case, ...]
+
+    def overload(self) -> Any:
+        """The op's ``OpOverload`` (``ValueError`` while it is not defined)."""
+        return resolve_overload(self.op)
 
 
 def nbytes(dtype: torch.dtype, *counts: int) -> int:

@@ -6,6 +6,9 @@ import time
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_flatten
+
+from tpu_kernels.tensor import TpuTensor, value
 
 
 def sync(x: Any) -> None:
@@ -14,8 +17,7 @@ def sync(x: Any) -> None:
         for y in x:
             sync(y)
         return
-    if hasattr(x, "_tpu_storage"):
-        from tpu_kernels.tensor import value
+    if isinstance(x, TpuTensor):
         value(x).block_until_ready()
     elif hasattr(x, "block_until_ready"):
         x.block_until_ready()
@@ -38,6 +40,42 @@ def measure(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 20,
     med = statistics.median(times)
     return {"first": first, "median": med, "min": min(times), "max": max(times),
             "compile": max(first - med, 0.0), "n": len(times)}
+
+
+def sync_all(out: Any) -> None:
+    """``sync`` every tensor in a (nested) result."""
+    for t in tree_flatten(out)[0]:
+        sync(t)
+
+
+def outputs(result: Any, args: Any) -> list[torch.Tensor]:
+    """The tensors an op produced: its results, or (in-place ops returning nothing) its args."""
+    ts = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    return ts or [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+
+
+def measure_call(call: Callable[[], Any], sync_of: Callable[[Any], list], *, warmup: int, iters: int,
+            budget_s: float) -> tuple[dict[str, float], Any]:
+    """Time ``call``: the first call (compile included), then ``warmup`` calls, then up to
+    ``iters`` timed calls (at least 3, fewer than ``iters`` once ``budget_s`` is spent).
+    Returns the stats and the first call's result."""
+    t0 = time.perf_counter()
+    first_out = call()
+    sync_all(sync_of(first_out))
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        sync_all(sync_of(call()))
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < iters:
+        t0 = time.perf_counter()
+        sync_all(sync_of(call()))
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 3 and time.perf_counter() - start > budget_s:
+            break
+    med = statistics.median(times)
+    return ({"first_s": first, "median_s": med, "min_s": min(times), "max_s": max(times),
+             "compile_s": max(first - med, 0.0), "n": len(times)}, first_out)
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Shared plumbing for the Helion kernels: kernel construction, caching, interpret/TPU
-lowering selection, dtype checks and block-size choice.
+"""Shared plumbing for the Helion kernels: kernel construction, caching, dtype checks and
+block-size choice.
 
 Every kernel is a plain Python function written against ``helion.language``. It is
 turned into a ``helion.Kernel`` lazily, once per (function, fixed config, interpret
@@ -8,26 +8,33 @@ compiled ``BoundKernel`` per shape/dtype signature inside that object. Wrappers 
 ``launch(fn, config, *args)`` which goes through ``Kernel.jax_fn`` and therefore
 works on concrete ``jax.Array``s and inside ``jax.jit``.
 
-Interpret mode: on (``pallas_call(interpret=True)``) when JAX's default backend is not
-a TPU, off on a TPU. Inside ``with tpu_lowering():`` the non-interpret variant is used
-even off-TPU, so ``jax.export.export(..., platforms=["tpu"])`` runs the real
-Pallas -> Mosaic lowering (the launcher falls back to the ``HELION_PALLAS_INTERPRET``
-environment variable when a kernel was compiled without interpret mode, so the context
-sets it to ``0`` while it is active).
+Where a kernel runs is ``tpu_info.target()``'s decision, as for the Pallas kernels:
+interpret mode off TPU, Mosaic on a TPU or inside ``tpu_info.compile_for(chip)`` (what
+``tpu_kernels.aot.compile`` uses), which also names the chip to JAX's Pallas lowering.
+The interpret flag reaches Helion's launcher as the kernel's ``pallas_interpret``
+setting, never through the ``HELION_PALLAS_INTERPRET`` environment variable.
+
+Helion's launcher gives its ``pallas_call`` neither a name nor a cost estimate; ``launch``
+traces the Helion call and sets both on it (``cost``: the wrapper's ``pl.CostEstimate``),
+so XLA schedules around the kernel and the compiler's reports name it and show its
+roofline, as for the hand-written Pallas kernels.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
-import os
-import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
+import jax.extend.core as jex_core
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost  # noqa: F401  (the kernel modules' cost helper)
+from tpu_kernels.pallas.tpu_info import round_up
+
 
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 # 64-bit inputs are accepted and cast to their 32-bit counterpart by the wrappers.
@@ -35,54 +42,14 @@ _DOWNCAST = {
     jnp.dtype(jnp.float64): jnp.dtype(jnp.float32),
 }
 
-_tpu_lowering: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "tpu_kernels_helion_tpu_lowering", default=False
-)
-_env_lock = threading.Lock()
-
 # (kernel name, config, interpret, signature) -> seconds spent in the first call
 # (Helion type propagation + codegen + Pallas trace). Read by tests / reports.
 COMPILE_TIMES: dict[tuple, float] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def on_tpu() -> bool:
-    try:
-        return jax.default_backend() == "tpu"
-    except Exception:  # pragma: no cover - backend init failure
-        return False
-
-
 def interpret_mode() -> bool:
-    """True when kernels run as ``pallas_call(interpret=True)`` (off-TPU, and not
-    inside ``tpu_lowering()``)."""
-    return not _tpu_lowering.get() and not on_tpu()
-
-
-@contextlib.contextmanager
-def tpu_lowering() -> Iterator[None]:
-    """Use the non-interpret (Mosaic) kernel variants while active, e.g. around
-    ``jax.export.export(jax.jit(f), platforms=["tpu"])`` on a CPU machine."""
-    token = _tpu_lowering.set(True)
-    with _env_lock:
-        old = os.environ.get("HELION_PALLAS_INTERPRET")
-        os.environ["HELION_PALLAS_INTERPRET"] = "0"
-    try:
-        yield
-    finally:
-        with _env_lock:
-            if old is None:
-                os.environ.pop("HELION_PALLAS_INTERPRET", None)
-            else:
-                os.environ["HELION_PALLAS_INTERPRET"] = old
-        _tpu_lowering.reset(token)
-
-
-def _ensure_env() -> None:
-    # Helion's launcher and its device-count helper read HELION_PALLAS_INTERPRET at
-    # run time; off TPU the interpret path is the only one that can execute.
-    if not on_tpu() and not _tpu_lowering.get():
-        os.environ.setdefault("HELION_PALLAS_INTERPRET", "1")
+    """True when kernels launched now run as ``pallas_call(interpret=True)``."""
+    return tpu_info.target().interpret
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,6 +67,13 @@ def _build(fn: Callable, config_items: tuple, interpret: bool, settings: tuple =
     )
 
 
+def _forget_vmem_capacity() -> None:
+    # Helion's launcher caches the first VMEM capacity it reads (process-wide) and sets it
+    # as the kernel's vmem_limit_bytes; a Mosaic launch must read the current target's.
+    from helion.runtime.pallas import launcher
+    launcher._CACHED_VMEM_LIMIT_BYTES = None
+
+
 def _freeze(config: dict[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in config.items()))
 
@@ -110,20 +84,83 @@ def _sig(a: Any) -> Any:
     return a
 
 
-def launch(fn: Callable, config: dict[str, Any], *args: Any, settings: dict[str, Any] | None = None) -> Any:
+def launch(fn: Callable, config: dict[str, Any], *args: Any, estimate: pl.CostEstimate,
+           settings: dict[str, Any] | None = None) -> Any:
     """Run Helion kernel ``fn`` with a fixed ``config`` (and optional extra Helion
-    ``settings``) on JAX arrays (or tracers)."""
-    _ensure_env()
-    interp = interpret_mode()
+    ``settings``) on JAX arrays (or tracers), for ``tpu_info.target()``; ``estimate`` is
+    the kernel's ``pl.CostEstimate`` for these arguments."""
+    interp = tpu_info.target().interpret
     frozen = _freeze(config)
     kern = _build(fn, frozen, interp, _freeze(settings or {}))
+    if not interp:
+        _forget_vmem_capacity()
     key = (fn.__name__, frozen, interp, tuple(_sig(a) for a in args))
-    if key in COMPILE_TIMES:
-        return kern.jax_fn(*args)
     t0 = time.perf_counter()
-    out = kern.jax_fn(*args)
-    COMPILE_TIMES[key] = time.perf_counter() - t0
+    out = _named_call(kern.jax_fn, args, "helion" + fn.__name__.removesuffix("_kernel"), estimate)
+    COMPILE_TIMES.setdefault(key, time.perf_counter() - t0)
     return out
+
+
+def _named_call(jax_fn: Callable, args: tuple, name: str, estimate: pl.CostEstimate) -> Any:
+    """``jax_fn(*args)`` with ``name`` and ``estimate`` set on the Pallas kernel(s) it makes."""
+    arrays = [i for i, a in enumerate(args) if hasattr(a, "shape") and hasattr(a, "dtype")]
+
+    def on_arrays(*xs):
+        full = list(args)
+        for i, x in zip(arrays, xs):
+            full[i] = x
+        return jax_fn(*full)
+
+    specs = [jax.ShapeDtypeStruct(args[i].shape, args[i].dtype) for i in arrays]
+    closed, shape = jax.make_jaxpr(on_arrays, return_shape=True)(*specs)
+    calls = _count_calls(closed.jaxpr)
+    share = estimate if calls <= 1 else pl.CostEstimate(
+        flops=estimate.flops // calls, transcendentals=estimate.transcendentals // calls,
+        bytes_accessed=estimate.bytes_accessed // calls)
+    annotated = closed.replace(jaxpr=_annotate(closed.jaxpr, name, share))
+    with jax.named_scope(name):     # the compiled program names the kernel after it
+        flat = jex_core.jaxpr_as_fun(annotated)(*(args[i] for i in arrays))
+    return jax.tree.unflatten(jax.tree.structure(shape), flat)
+
+
+def _sub_jaxprs(params: dict) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in params.items()
+            if isinstance(v, (jex_core.ClosedJaxpr, jex_core.Jaxpr))]
+
+
+def _is_kernel(eqn: Any) -> bool:
+    # pallas_call, or the mpmd_map that pl.kernel (Helion's launcher) makes
+    return "cost_estimate" in eqn.params and "name" in eqn.params
+
+
+def _count_calls(jaxpr: Any) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+        if _is_kernel(eqn):
+            n += 1
+        else:
+            n += sum(_count_calls(getattr(v, "jaxpr", v)) for _, v in _sub_jaxprs(eqn.params))
+    return n
+
+
+def _annotate(jaxpr: Any, name: str, estimate: pl.CostEstimate) -> Any:
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if _is_kernel(eqn):
+            eqns.append(eqn.replace(params={**eqn.params, "cost_estimate": estimate,
+                                            "name": name}))
+            continue
+        params = dict(eqn.params)
+        for k, v in _sub_jaxprs(params):
+            params[k] = (v.replace(jaxpr=_annotate(v.jaxpr, name, estimate))
+                         if isinstance(v, jex_core.ClosedJaxpr) else _annotate(v, name, estimate))
+        eqns.append(eqn.replace(params=params))
+    return jaxpr.replace(eqns=eqns)
+
+
+def nbytes(*arrays: Any) -> int:
+    """Bytes of the arrays (or ShapeDtypeStructs): what a streaming kernel moves."""
+    return sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in arrays)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -209,10 +246,6 @@ def col_block(cols: int, hi: int = 2048) -> int:
 def next_pow2(n: int) -> int:
     n = max(int(n), 1)
     return 1 << (n - 1).bit_length()
-
-
-def round_up(n: int, m: int) -> int:
-    return -(-int(n) // m) * m
 
 
 def reduce_tiles(rows: int, cols: int, max_rows: int = 256) -> tuple[int, int, int, int]:

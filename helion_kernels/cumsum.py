@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import rows_reason, compute_dtype, dtype_reason, launch, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, row_block, rows_reason
 
 MAX_COLS = 16384
 
@@ -47,5 +47,6 @@ def cumsum(x, dim: int = -1, dtype=None):
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     rows = x2.shape[0]
-    y = launch(_cumsum_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2)
+    y = launch(_cumsum_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2,
+               estimate=cost(2 * x2.size, 2 * nbytes(x2)))
     return y.reshape(x.shape)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, pad2, pow2_floor, round_up
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, pad2, pow2_floor, round_up
 
 _ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "sigmoid": 3}
 _INV_SQRT2 = 0.7071067811865476
@@ -133,7 +133,8 @@ def gated_fwd(a, b, act: str):
     a = compute_dtype(jnp.asarray(a))
     b = compute_dtype(jnp.asarray(b)).astype(a.dtype)
     a2, b2 = _rows(a), _rows(b)
-    out = launch(_gated_fwd_kernel, _cfg(*a2.shape), a2, b2, _ACTS[act])
+    out = launch(_gated_fwd_kernel, _cfg(*a2.shape), a2, b2, _ACTS[act],
+                 estimate=cost(8 * a2.size, 3 * nbytes(a2), a2.size))
     return _unrows(out, a.shape)
 
 
@@ -142,7 +143,8 @@ def gated_bwd(dy, a, b, act: str):
     b = compute_dtype(jnp.asarray(b)).astype(a.dtype)
     dy = compute_dtype(jnp.asarray(dy)).astype(a.dtype)
     a2 = _rows(a)
-    da, db = launch(_gated_bwd_kernel, _cfg(*a2.shape), _rows(dy), a2, _rows(b), _ACTS[act])
+    da, db = launch(_gated_bwd_kernel, _cfg(*a2.shape), _rows(dy), a2, _rows(b), _ACTS[act],
+                    estimate=cost(16 * a2.size, 5 * nbytes(a2), 2 * a2.size))
     return _unrows(da, a.shape), _unrows(db, a.shape)
 
 

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import norm_reason, compute_dtype, dtype_reason, launch, pad2, reduce_tiles, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason, pad2
+from ._common import reduce_tiles, row_block
 
 MAX_HIDDEN = 65536
 
@@ -107,7 +108,8 @@ def _prep(x, weight, bias, normalized_ndim):
 def layer_norm_fwd(x, weight=None, bias=None, eps: float = 1e-5, normalized_ndim=None):
     x, x2, w2, b2, lead, k = _prep(x, weight, bias, normalized_ndim)
     rows, n = x2.shape
-    y, mean, rstd = launch(_ln_fwd_kernel, {"block_sizes": [row_block(rows, n)]}, x2, w2, b2, float(eps))
+    y, mean, rstd = launch(_ln_fwd_kernel, {"block_sizes": [row_block(rows, n)]}, x2, w2, b2,
+                           float(eps), estimate=cost(8 * x2.size, 2 * nbytes(x2), rows))
     stat_shape = lead + (1,) * k
     return y.reshape(x.shape), mean.reshape(stat_shape), rstd.reshape(stat_shape)
 
@@ -118,13 +120,15 @@ def layer_norm_bwd(dy, x, mean, rstd, weight=None, bias=None, normalized_ndim=No
     dy2 = compute_dtype(jnp.asarray(dy)).astype(x.dtype).reshape(rows, n)
     mu2 = jnp.asarray(mean, jnp.float32).reshape(rows, 1)
     rs2 = jnp.asarray(rstd, jnp.float32).reshape(rows, 1)
-    dx = launch(_ln_bwd_dx_kernel, {"block_sizes": [row_block(rows, n)]}, dy2, x2, w2, mu2, rs2)
+    dx = launch(_ln_bwd_dx_kernel, {"block_sizes": [row_block(rows, n)]}, dy2, x2, w2, mu2, rs2,
+                estimate=cost(10 * x2.size, 3 * nbytes(x2)))
     dw = db = None
     if weight is not None or bias is not None:
         bm, bn, rp, cp = reduce_tiles(rows, n)
         cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
         dw_, db_ = launch(_ln_bwd_dwdb_kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp),
-                          pad2(mu2, rp, 1), pad2(rs2, rp, 1))
+                          pad2(mu2, rp, 1), pad2(rs2, rp, 1),
+                          estimate=cost(5 * rp * cp, 2 * nbytes(x2)))
         if weight is not None:
             dw = dw_[:n].reshape(weight.shape).astype(compute_dtype(jnp.asarray(weight)).dtype)
         if bias is not None:

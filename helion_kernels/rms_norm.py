@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import norm_reason, compute_dtype, dtype_reason, launch, pad2, reduce_tiles, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason, pad2
+from ._common import reduce_tiles, row_block
 
 MAX_HIDDEN = 65536
 
@@ -75,7 +76,8 @@ def _column_sum(kernel, dy2, x2, r2):
     rows, n = x2.shape
     bm, bn, rp, cp = reduce_tiles(rows, n)
     cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
-    out = launch(kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp), pad2(r2, rp, 1))
+    out = launch(kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp), pad2(r2, rp, 1),
+                 estimate=cost(3 * rp * cp, 2 * nbytes(x2)))
     return out[:n]
 
 
@@ -107,7 +109,8 @@ def rms_norm_fwd(x, weight=None, eps=None, normalized_ndim=None):
     if eps is None:
         eps = float(jnp.finfo(x.dtype).eps)
     x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
-    out, rstd = launch(_rms_fwd_kernel, _row_cfg(rows, n), x2, w2, float(eps))
+    out, rstd = launch(_rms_fwd_kernel, _row_cfg(rows, n), x2, w2, float(eps),
+                       estimate=cost(4 * x2.size, 2 * nbytes(x2), rows))
     return out.reshape(x.shape), rstd.reshape(lead + (1,) * k)
 
 
@@ -117,7 +120,8 @@ def rms_norm_bwd(dy, x, weight, rstd, normalized_ndim=None):
     x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
     dy2 = compute_dtype(jnp.asarray(dy)).astype(x2.dtype).reshape(rows, n)
     r2 = jnp.asarray(rstd, jnp.float32).reshape(rows, 1)
-    dx = launch(_rms_bwd_dx_kernel, _row_cfg(rows, n), dy2, x2, w2, r2)
+    dx = launch(_rms_bwd_dx_kernel, _row_cfg(rows, n), dy2, x2, w2, r2,
+                estimate=cost(8 * x2.size, 3 * nbytes(x2)))
     dw = None
     if weight is not None:
         dw = _column_sum(_rms_bwd_dw_kernel, dy2, x2, r2)

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, launch, next_pow2, pow2_floor, round_up
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, next_pow2, pow2_floor
+from ._common import round_up
 
 SEQ_TILE = 256
 
@@ -100,7 +101,8 @@ def _apply(x, cos, sin, interleaved, backward):
         coefs = tuple(jnp.pad(c, ((0, sp - s), (0, 0))) for c in coefs)
     hd = d // 2
     bn = max(1, min(64, pow2_floor(max(65536 // (min(bs, sp) * max(hd, 128)), 1))))
-    ou, ov = launch(_rope_kernel, {"block_sizes": [bn, bs]}, u, v, *coefs)
+    ou, ov = launch(_rope_kernel, {"block_sizes": [bn, bs]}, u, v, *coefs,
+                    estimate=cost(3 * 2 * u.size, 2 * nbytes(u, v) + nbytes(*coefs)))
     out = _merge(ou[:, :s], ov[:, :s], interleaved)
     return out.reshape(b, h, s, d)
 

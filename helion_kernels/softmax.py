@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import rows_reason, compute_dtype, dtype_reason, launch, pad2, round_up, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, pad2, round_up, row_block
+from ._common import rows_reason
 
 LONG_ROW = 16384          # longer rows use the column-tiled kernels
 LOOP_COL_TILE = 2048      # column tile of the looped kernels
@@ -133,11 +134,13 @@ def softmax_fwd(x, log: bool = False, block_cols: int | None = None):
     x, x2 = _as_rows(x)
     rows, n = x2.shape
     if block_cols is None and n <= LONG_ROW:
-        y = launch(_softmax_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2, bool(log))
+        y = launch(_softmax_row_kernel, {"block_sizes": [row_block(rows, n)]}, x2, bool(log),
+                   estimate=cost(5 * x2.size, 2 * nbytes(x2), x2.size))
     else:
         bm, bn, np_ = _loop_tiles(rows, n, block_cols)
         cfg = {"block_sizes": [bm, bn, bn], "pallas_loop_type": "fori_loop"}
-        y = launch(_softmax_loop_kernel, cfg, pad2(x2, rows, np_, -jnp.inf), bool(log))[:, :n]
+        y = launch(_softmax_loop_kernel, cfg, pad2(x2, rows, np_, -jnp.inf), bool(log),
+                   estimate=cost(8 * rows * np_, 3 * nbytes(x2), 2 * rows * np_))[:, :n]
     return y.reshape(x.shape)
 
 
@@ -146,12 +149,14 @@ def softmax_bwd(dy, y, log: bool = False, block_cols: int | None = None):
     dy2 = compute_dtype(jnp.asarray(dy)).astype(y.dtype).reshape(y2.shape)
     rows, n = y2.shape
     if block_cols is None and n <= LONG_ROW:
-        dx = launch(_softmax_bwd_row_kernel, {"block_sizes": [row_block(rows, n)]}, dy2, y2, bool(log))
+        dx = launch(_softmax_bwd_row_kernel, {"block_sizes": [row_block(rows, n)]}, dy2, y2,
+                    bool(log), estimate=cost(4 * y2.size, 3 * nbytes(y2), y2.size if log else 0))
     else:
         bm, bn, np_ = _loop_tiles(rows, n, block_cols)
         cfg = {"block_sizes": [bm, bn, bn], "pallas_loop_type": "fori_loop"}
         ypad = pad2(y2, rows, np_, -jnp.inf if log else 0)
-        dx = launch(_softmax_bwd_loop_kernel, cfg, pad2(dy2, rows, np_), ypad, bool(log))[:, :n]
+        dx = launch(_softmax_bwd_loop_kernel, cfg, pad2(dy2, rows, np_), ypad, bool(log),
+                    estimate=cost(6 * rows * np_, 5 * nbytes(y2), rows * np_ if log else 0))[:, :n]
     return dx.reshape(y.shape)
 
 

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, dtype_reason, interpret_mode, launch, pad2, round_up
+from ._common import compute_dtype, cost, dtype_reason, interpret_mode, launch, nbytes, pad2
+from ._common import round_up
 
 MAX_COLS = 32768
 MAX_K = 128
@@ -97,6 +98,7 @@ def topk(x, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, in
         x2 = pad2(x2, round_up(rows, ROW_TILE), n)
     with _stage2_env():
         vals, idx = launch(_topk_kernel, {"block_sizes": [ROW_TILE]}, x2, int(k),
+                           estimate=cost(x2.size * k, nbytes(x2)),
                            settings={"pallas_topk_recall_target": 1.0})
     vals, idx = vals[:rows], idx[:rows]
     if not largest:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import rows_reason, compute_dtype, dtype_reason, launch, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, row_block, rows_reason
 
 MAX_COLS = 65536
 
@@ -43,11 +43,16 @@ def supports(shape, dtype, dim=-1) -> str | None:
     return rows_reason(shape, dims, MAX_COLS)
 
 
+def _moments(x2):
+    return launch(_moments_kernel, {"block_sizes": [row_block(*x2.shape)]}, x2,
+                  estimate=cost(4 * x2.size, nbytes(x2)))
+
+
 def var_mean(x, correction: float = 1, keepdim: bool = False):
     x = compute_dtype(jnp.asarray(x))
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    mean, ssq = launch(_moments_kernel, {"block_sizes": [row_block(x2.shape[0], n)]}, x2)
+    mean, ssq = _moments(x2)
     denom = jnp.float32(max(n - correction, 0))
     var = ssq / denom
     shape = x.shape[:-1] + ((1,) if keepdim else ())
@@ -62,7 +67,7 @@ def std(x, correction: float = 1, keepdim: bool = False):
     x = compute_dtype(jnp.asarray(x))
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    _, ssq = launch(_moments_kernel, {"block_sizes": [row_block(x2.shape[0], n)]}, x2)
+    _, ssq = _moments(x2)
     out = jnp.sqrt(ssq / jnp.float32(max(n - correction, 0)))
     shape = x.shape[:-1] + ((1,) if keepdim else ())
     return out.reshape(shape).astype(x.dtype)

@@ -24,6 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 REDUCTIONS = ("mean", "sum", "none")
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -31,33 +33,22 @@ _ROW_BLOCK = 128
 _VOCAB_BLOCKS = (4096, 2048, 1024, 512, 256, 128)
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def _vmem_tile(shape: tuple[int, int], dtype) -> int:
-    """Bytes a 2-D block really takes in VMEM: padded to (sublane, 128) tiles."""
-    return tpu_info.block_bytes(
-        (_round_up(shape[0], tpu_info.sublane(dtype)), _round_up(shape[1], 128)), dtype)
-
-
 def vmem_bytes(block_n: int, block_v: int, dtype) -> int:
     """VMEM estimate of the larger (backward) kernel: double-buffered blocks, scratch and
     about four f32 [block_n, block_v] temporaries (upcast, exp, masks)."""
     f32 = jnp.float32
-    io = 2 * 2 * _vmem_tile((block_n, block_v), dtype)      # logits in, grad out
-    small = 2 * (_vmem_tile((1, block_v), f32) + 3 * _vmem_tile((block_n, 1), f32))
-    scratch = 4 * _vmem_tile((block_n, 1), f32)
-    temps = 4 * _vmem_tile((block_n, block_v), f32)
+    io = 2 * 2 * tpu_info.tile_bytes((block_n, block_v), dtype)      # logits in, grad out
+    small = 2 * (tpu_info.tile_bytes((1, block_v), f32) + 3 * tpu_info.tile_bytes((block_n, 1), f32))
+    scratch = 4 * tpu_info.tile_bytes((block_n, 1), f32)
+    temps = 4 * tpu_info.tile_bytes((block_n, block_v), f32)
     return io + small + scratch + temps
 
 
-def block_sizes(n: int, n_cls: int, dtype, chip: tpu_info.Chip | None = None) -> tuple[int, int]:
+def block_sizes(n: int, n_cls: int, dtype, chip: tpu_info.Chip) -> tuple[int, int]:
     """(row block, vocab block): rows a multiple of the dtype's sublane tile, the widest
     128-multiple vocab block whose working set fits the chip's VMEM budget."""
-    chip = chip or tpu_info.current_chip()
-    block_n = min(_ROW_BLOCK, _round_up(n, tpu_info.sublane(dtype)))
-    cap = _round_up(n_cls, 128)
+    block_n = min(_ROW_BLOCK, round_up(n, tpu_info.sublane(dtype)))
+    cap = round_up(n_cls, 128)
     for bv in _VOCAB_BLOCKS:
         if bv <= cap and vmem_bytes(block_n, bv, dtype) <= tpu_info.vmem_budget(chip):
             return block_n, bv
@@ -129,14 +120,26 @@ def _fwd_kernel(x_ref, t_ref, w_ref, out_ref, m_sc, s_sc, xt_sc, wx_sc, *,
         out_ref[:, 2:3] = wx_sc[...]
 
 
-def _row_stats(logits, target, weight, smoothing: bool, interpret: bool):
+def _cost(logits, passes_out: int):
+    """One exp per logit and a few VPU ops; the logits read once (``passes_out``: the
+    gradient written once more)."""
+    return cost(4 * logits.size, logits.size * logits.dtype.itemsize * (1 + passes_out),
+                logits.size)
+
+
+def _row_stats(logits, target, weight, smoothing: bool, tgt: tpu_info.Target):
     """Per-row (lse, x_target, sum_c w_c x_c) in f32, shape [n, 3]."""
     n, n_cls = logits.shape
-    bn, bv = block_sizes(n, n_cls, logits.dtype)
+    bn, bv = block_sizes(n, n_cls, logits.dtype, tgt.chip)
     grid = (pl.cdiv(n, bn), pl.cdiv(n_cls, bv))
     kernel = functools.partial(_fwd_kernel, n_cls=n_cls, block_v=bv, smoothing=smoothing)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=tgt,
+        name="cross_entropy_fwd",
+        cost_estimate=_cost(logits, 0),
+        vmem_bytes=vmem_bytes(bn, bv, logits.dtype),
+        dimension_semantics=("parallel", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((n, 3), jnp.float32),
         grid=grid,
         in_specs=[pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
@@ -144,8 +147,6 @@ def _row_stats(logits, target, weight, smoothing: bool, interpret: bool):
                   pl.BlockSpec((1, bv), lambda i, j: (0, j))],
         out_specs=pl.BlockSpec((bn, 3), lambda i, j: (i, 0)),
         scratch_shapes=[pltpu.VMEM((bn, 1), jnp.float32) for _ in range(4)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        interpret=interpret,
     )(logits, target[:, None], weight[None, :])
 
 
@@ -161,12 +162,17 @@ def _bwd_kernel(x_ref, t_ref, coef_ref, w_ref, dx_ref, *, block_v: int):
     dx_ref[...] = dx.astype(dx_ref.dtype)   # tail columns are dropped by the store
 
 
-def _grad_logits(logits, target, weight, coef, interpret: bool):
+def _grad_logits(logits, target, weight, coef, tgt: tpu_info.Target):
     """dX = c p - a onehot - b w with per-row (lse, a, b, c) in ``coef [n, 4]``."""
     n, n_cls = logits.shape
-    bn, bv = block_sizes(n, n_cls, logits.dtype)
-    return pl.pallas_call(
+    bn, bv = block_sizes(n, n_cls, logits.dtype, tgt.chip)
+    return pallas_call(
         functools.partial(_bwd_kernel, block_v=bv),
+        target=tgt,
+        name="cross_entropy_bwd",
+        cost_estimate=_cost(logits, 1),
+        vmem_bytes=vmem_bytes(bn, bv, logits.dtype),
+        dimension_semantics=("parallel", "parallel"),
         out_shape=jax.ShapeDtypeStruct(logits.shape, logits.dtype),
         grid=(pl.cdiv(n, bn), pl.cdiv(n_cls, bv)),
         in_specs=[pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
@@ -174,8 +180,6 @@ def _grad_logits(logits, target, weight, coef, interpret: bool):
                   pl.BlockSpec((bn, 4), lambda i, j: (i, 0)),
                   pl.BlockSpec((1, bv), lambda i, j: (0, j))],
         out_specs=pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        interpret=interpret,
     )(logits, target[:, None], coef, weight[None, :])
 
 
@@ -200,20 +204,20 @@ def _reduce(loss, w_t, reduction: str):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ce(logits, target, weight, ignore_index, reduction, eps, interpret):
-    stats = _row_stats(logits, target, weight, eps > 0, interpret)
+def _ce(logits, target, weight, ignore_index, reduction, eps, tgt):
+    stats = _row_stats(logits, target, weight, eps > 0, tgt)
     loss, w_t, _ = _row_terms(stats, target, weight, ignore_index, eps)
     return _reduce(loss, w_t, reduction).astype(logits.dtype)
 
 
-def _ce_fwd(logits, target, weight, ignore_index, reduction, eps, interpret):
-    stats = _row_stats(logits, target, weight, eps > 0, interpret)
+def _ce_fwd(logits, target, weight, ignore_index, reduction, eps, tgt):
+    stats = _row_stats(logits, target, weight, eps > 0, tgt)
     loss, w_t, _ = _row_terms(stats, target, weight, ignore_index, eps)
     out = _reduce(loss, w_t, reduction).astype(logits.dtype)
     return out, (logits, target, weight, stats[:, 0])
 
 
-def _ce_bwd(ignore_index, reduction, eps, interpret, res, g):
+def _ce_bwd(ignore_index, reduction, eps, tgt, res, g):
     logits, target, weight, lse = res
     n_cls = logits.shape[1]
     valid = target != ignore_index
@@ -225,7 +229,7 @@ def _ce_bwd(ignore_index, reduction, eps, interpret, res, g):
     a = r * (1.0 - eps) * w_t
     b = r * (eps / n_cls)
     coef = jnp.stack([lse, a, b, a + b * weight.sum()], axis=1)
-    dx = _grad_logits(logits, target, weight, coef, interpret)
+    dx = _grad_logits(logits, target, weight, coef, tgt)
     return dx, None, None
 
 
@@ -248,4 +252,4 @@ def cross_entropy(logits: jax.Array, target: jax.Array, weight: jax.Array | None
     n_cls = logits.shape[1]
     w = jnp.ones((n_cls,), jnp.float32) if weight is None else weight.astype(jnp.float32)
     return _ce(logits, target.astype(jnp.int32), lax.stop_gradient(w), int(ignore_index),
-               reduction, float(label_smoothing), tpu_info.resolve_interpret(interpret))
+               reduction, float(label_smoothing), tpu_info.target(interpret))

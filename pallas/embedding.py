@@ -1,19 +1,27 @@
 """Embedding lookup (row gather) and its dense backward (scatter-add) as Pallas kernels.
 
-Forward: the flat indices are scalar-prefetched to SMEM; grid step i copies rows
-idx[i*R .. i*R+R) of the HBM weight straight into the [R, dim] output block with one DMA per
-row. (A data-dependent BlockSpec index_map cannot fetch a single row of a 2-D array: Mosaic
-requires the block's second-minor dim to be a multiple of 8 or the whole dim, so the rows are
-DMA'd by hand from the SMEM indices, as paged attention does with its page table.)
+Mosaic DMAs 32-bit rows one at a time, but packed rows (bf16: two rows per 32-bit sublane)
+only in whole tiles: a slice of the row dim of a bf16 table must start and end on a
+16-row boundary. So rows travel in slabs of S rows (S = 1 for f32, 16 for bf16), and the
+kernels pick the row out of its slab in VMEM.
 
-Backward (scatter-add with duplicates):
-    perm = argsort(idx) (stable), key = idx[perm]          -- wrapper, 32-bit, to SMEM
-    acc <- 0 (f32), cnt <- 0
-    for p in 0..n-1 (grid steps of R sorted positions, "arbitrary": acc carries over):
-        acc += grad[perm[p]]  (skipped when key[p] == padding_idx);  cnt += 1
-        if key[p+1] != key[p]:  out[key[p]] = acc (/ cnt if scale_grad_by_freq); acc, cnt <- 0
-Each weight row is written once, by a DMA from VMEM; rows never indexed keep the zeros the
-output aliases.
+Forward: the flat indices are scalar-prefetched to SMEM; grid step i gathers rows
+idx[i*R .. i*R+R):
+    for r < R:  DMA slab idx[r] // S of the HBM table -> buf[r]            (S rows each)
+    out[r] = buf[r][idx[r] % S]          (a masked sublane sum: the select stays in VMEM)
+A bf16 table is read S times over (the price of tile-aligned DMAs; XLA's gather is the
+alternative).
+
+Backward (scatter-add with duplicates), by tiles of S output rows:
+    perm = argsort(idx) (stable), key = idx[perm], G = grad[perm]   -- wrapper (XLA gather)
+    acc <- 0 (f32 [S, dim]), cnt <- 0
+    for p in 0..n-1 (grid steps of R sorted rows of G, "arbitrary": acc carries over):
+        acc[key[p] % S] += G[p]  (not when key[p] == padding_idx);  cnt += 1
+        if key[p+1] != key[p]:  acc[key[p] % S] /= cnt if scale_grad_by_freq;  cnt <- 0
+        if key[p+1] // S != key[p] // S:  DMA acc -> out tile key[p] // S;  acc <- 0
+Keys are sorted, so each output tile is written once, whole; tiles never indexed keep
+the zeros the output aliases. A table whose row count is not a multiple of S is padded
+in the wrapper (one copy of it per call).
 """
 from __future__ import annotations
 
@@ -21,10 +29,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 MAX_TOKENS = 32768          # indices (+ permutation) live in SMEM, about 1 MiB in all
@@ -32,13 +43,9 @@ _MAX_ROWS = 32              # rows (DMAs) per grid step; the per-row loop is unr
 _STEP_BYTES = 512 * 1024    # aim for about this much row data per grid step
 
 
-def _i32(v: int) -> jax.Array:
-    # Static in-kernel offsets must be int32: under jax_enable_x64 a Python int lowers to i64.
-    return jnp.int32(v)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
+def slab_rows(dtype) -> int:
+    """Rows one DMA moves: 1 for 32-bit rows, a whole (16, 128) tile for bf16."""
+    return 1 if jnp.dtype(dtype).itemsize == 4 else tpu_info.sublane(dtype)
 
 
 def rows_per_step(n: int, dim: int, dtype) -> int:
@@ -47,20 +54,21 @@ def rows_per_step(n: int, dim: int, dtype) -> int:
     sub = tpu_info.sublane(dtype)
     by_bytes = _STEP_BYTES // max(1, dim * jnp.dtype(dtype).itemsize)
     rows = max(sub, min(_MAX_ROWS, by_bytes) // sub * sub)
-    return min(rows, _round_up(n, sub))
+    return min(rows, round_up(n, sub))
 
 
 def vmem_bytes(rows: int, dim: int, dtype) -> int:
-    """Larger of forward (double-buffered [rows, dim] output) and backward (row buffer,
-    flush staging buffer, f32 accumulator) VMEM use, padded to (sublane, 128) tiles."""
-    tile = tpu_info.block_bytes((_round_up(rows, tpu_info.sublane(dtype)), _round_up(dim, 128)),
-                                dtype)
-    acc = tpu_info.block_bytes((8, _round_up(dim, 128)), jnp.float32)
-    return max(2 * tile, 2 * tile + acc)
+    """Larger of forward (double-buffered [rows, dim] output, rows slabs) and backward
+    (double-buffered [rows, dim] grad block, rows staged slabs, the f32 tile accumulator)."""
+    sub = slab_rows(dtype)
+    block = tpu_info.tile_bytes((rows, dim), dtype)
+    slabs = rows * tpu_info.tile_bytes((sub, dim), dtype)    # each padded to a tile
+    acc = tpu_info.tile_bytes((sub, dim), jnp.float32)
+    return 2 * block + slabs + acc
 
 
 def supports(weight_shape: tuple[int, ...], weight_dtype, indices_shape: tuple[int, ...],
-             indices_dtype, *, chip: tpu_info.Chip | None = None) -> str | None:
+             indices_dtype, *, chip: tpu_info.Chip | str = tpu_info.INTERPRET_CHIP) -> str | None:
     """None when the kernels handle these arguments (forward and backward), else why not.
     For the backward pass ``weight_shape = (num_weights, dim)`` and the grad dtype."""
     if len(weight_shape) != 2:
@@ -79,54 +87,94 @@ def supports(weight_shape: tuple[int, ...], weight_dtype, indices_shape: tuple[i
         return "empty weight or indices"
     if n > MAX_TOKENS:
         return f"{n} indices > {MAX_TOKENS}: index tables must fit SMEM"
-    chip = chip or tpu_info.current_chip()
-    if vmem_bytes(rows_per_step(n, dim, weight_dtype), dim, weight_dtype) > tpu_info.vmem_budget(chip):
+    rows = rows_per_step(n, dim, weight_dtype)
+    if vmem_bytes(rows, dim, weight_dtype) > tpu_info.vmem_budget(tpu_info.chip(chip)):
         return f"dim {dim} too wide for VMEM"
     return None
 
 
-def _check(weight_shape, dtype, indices):
-    reason = supports(weight_shape, dtype, indices.shape, indices.dtype)
+def _check(weight_shape, dtype, indices, chip):
+    reason = supports(weight_shape, dtype, indices.shape, indices.dtype, chip=chip)
     if reason:
-        raise ValueError(f"embedding kernel: {reason}")
+        raise ValueError(f"embedding kernel: {reason} (weight {tuple(weight_shape)} {dtype}, "
+                         f"indices {tuple(indices.shape)} {indices.dtype})")
+
+
+def _div(a, b: int):
+    """a // b for non-negative int32 scalars (truncating: no sign logic to lower)."""
+    return lax.div(a, jnp.int32(b))
+
+
+def _rem(a, b: int):
+    return lax.rem(a, jnp.int32(b))
+
+
+def _slab(table, tile, sub: int):
+    """The ``sub``-row, tile-aligned slice number ``tile`` of a 2-D HBM ref."""
+    return table.at[pl.ds(pl.multiple_of(tile * sub, sub), sub)]
+
+
+def _row_of(slab, off, sub: int):
+    """Row ``off`` of a [sub, dim] slab, as f32 [1, dim] (only that row survives the mask)."""
+    rows = lax.broadcasted_iota(jnp.int32, slab.shape, 0)
+    return jnp.sum(jnp.where(rows == off, slab.astype(jnp.float32), 0.0), axis=0, keepdims=True)
 
 
 # ----------------------------------------------------------------------------- forward
 
-def _gather_kernel(idx_ref, w_hbm, out_ref, sems, *, rows: int):
+def _gather_kernel(idx_ref, w_hbm, out_ref, buf, sems, *, rows: int, sub: int):
     base = pl.program_id(0) * rows
-    copies = [pltpu.make_async_copy(w_hbm.at[pl.ds(idx_ref[base + r], 1)],
-                                    out_ref.at[pl.ds(r, 1)], sems.at[_i32(r)]) for r in range(rows)]
-    for c in copies:          # all row DMAs in flight before the first wait
+    # 32-bit rows land in the output block directly; packed ones in their slab
+    dst = (lambda r: out_ref.at[pl.ds(r, 1)]) if sub == 1 else (lambda r: buf.at[r])
+    copies = [pltpu.make_async_copy(_slab(w_hbm, _div(idx_ref[base + r], sub), sub), dst(r),
+                                    sems.at[r]) for r in range(rows)]
+    for c in copies:          # all DMAs in flight before the first wait
         c.start()
     for c in copies:
         c.wait()
+    if sub == 1:
+        return
+    picked = lax.broadcasted_iota(jnp.int32, (sub, out_ref.shape[1]), 0)
+    for t in range(rows // sub):  # assemble whole [sub, dim] tiles: aligned stores only
+        def place(r, tile, t=t):
+            row = _row_of(buf[t * sub + r], _rem(idx_ref[base + t * sub + r], sub), sub)
+            return jnp.where(picked == r, row, tile)
+        tile = lax.fori_loop(0, sub, place, jnp.zeros((sub, out_ref.shape[1]), jnp.float32))
+        out_ref[pl.ds(t * sub, sub), :] = tile.astype(out_ref.dtype)
 
 
-def _gather(weight, idx, interpret: bool):
+def _gather(weight, idx, tgt: tpu_info.Target):
     n, (num_weights, dim) = idx.shape[0], weight.shape
+    sub = slab_rows(weight.dtype)
     rows = rows_per_step(n, dim, weight.dtype)
     steps = pl.cdiv(n, rows)
     # Pad to whole steps (rows past n land in the masked tail of the last block); clip so
     # a bad index cannot DMA outside the table.
     idx = jnp.pad(jnp.clip(idx, 0, num_weights - 1), (0, steps * rows - n))
-    return pl.pallas_call(
-        functools.partial(_gather_kernel, rows=rows),
+    table = pad_to(weight, (round_up(num_weights, sub), dim))
+    isz = weight.dtype.itemsize
+    return pallas_call(
+        functools.partial(_gather_kernel, rows=rows, sub=sub),
+        target=tgt,
+        name="embedding_gather",
+        cost_estimate=cost(2 * n * sub * dim, n * (sub + 1) * dim * isz),
+        vmem_bytes=vmem_bytes(rows, dim, weight.dtype),
+        dimension_semantics=("parallel",),
         out_shape=jax.ShapeDtypeStruct((n, dim), weight.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(steps,),
             in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec((rows, dim), lambda i, idx_ref: (i, 0)),
-            scratch_shapes=[pltpu.SemaphoreType.DMA((rows,))]),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=interpret,
-    )(idx, weight)
+            scratch_shapes=[pltpu.VMEM((rows, sub, dim) if sub > 1 else (1, 1, 128),
+                                       weight.dtype),
+                            pltpu.SemaphoreType.DMA((rows,))]),
+    )(idx, table)
 
 
 # ---------------------------------------------------------------------------- backward
 
-def _scatter_kernel(key_ref, perm_ref, g_hbm, _zeros, out_hbm, buf, stage, acc, cnt, flushed,
-                    in_sems, out_sems, *, rows: int, n: int, padding_idx: int, scale: bool):
+def _scatter_kernel(key_ref, g_ref, _zeros, out_hbm, stage, acc, cnt, flushed, sems, *,
+                    rows: int, sub: int, n: int, padding_idx: int, scale: bool):
     base = pl.program_id(0) * rows
 
     @pl.when(pl.program_id(0) == 0)
@@ -134,72 +182,76 @@ def _scatter_kernel(key_ref, perm_ref, g_hbm, _zeros, out_hbm, buf, stage, acc, 
         acc[...] = jnp.zeros(acc.shape, jnp.float32)
         cnt[0] = 0
 
-    loads = [pltpu.make_async_copy(g_hbm.at[pl.ds(perm_ref[base + r], 1)],
-                                   buf.at[pl.ds(r, 1)], in_sems.at[_i32(r)]) for r in range(rows)]
-    for c in loads:
-        c.start()
-    for c in loads:
-        c.wait()
-
+    at = lax.broadcasted_iota(jnp.int32, acc.shape, 0)
     for r in range(rows):     # sequential over sorted positions: runs of equal keys
         pos, flushed[r] = base + r, 0
 
         @pl.when(pos < n)
         def _accumulate(r=r, pos=pos):
-            key = key_ref[pos]
-            row = buf[pl.ds(r, 1), :].astype(jnp.float32)
-            acc[...] += jnp.where(key == padding_idx, 0.0, row)
+            key, nxt = key_ref[pos], key_ref[pos + 1]
+            off = _rem(key, sub)
+            row = g_ref[pl.ds(r, 1), :].astype(jnp.float32)
+            acc[...] += jnp.where((at == off) & (key != padding_idx), row, 0.0)
             cnt[0] += 1
 
-            @pl.when(key_ref[pos + 1] != key)       # last of its run: write the row out
-            def _flush():
-                total = acc[...]
+            @pl.when(nxt != key)                    # last of its run
+            def _end_of_run():
                 if scale:
-                    total = total / cnt[0].astype(jnp.float32)
-                stage[pl.ds(r, 1), :] = total.astype(stage.dtype)
-                pltpu.make_async_copy(stage.at[pl.ds(r, 1)], out_hbm.at[pl.ds(key, 1)],
-                                      out_sems.at[_i32(r)]).start()
+                    acc[...] = jnp.where(at == off, acc[...] / cnt[0].astype(jnp.float32),
+                                         acc[...])
+                cnt[0] = 0
+
+            @pl.when((nxt < 0) | (_div(nxt, sub) != _div(key, sub)))   # last of its tile
+            def _flush():
+                stage[r] = acc[...].astype(stage.dtype)
+                pltpu.make_async_copy(stage.at[r], _slab(out_hbm, _div(key, sub), sub),
+                                      sems.at[r]).start()
                 flushed[r] = 1
                 acc[...] = jnp.zeros(acc.shape, jnp.float32)
-                cnt[0] = 0
 
     for r in range(rows):     # stage is reused next step: finish this step's writes
         @pl.when(flushed[r] == 1)
         def _wait(r=r):
-            pltpu.make_async_copy(stage.at[pl.ds(r, 1)], out_hbm.at[pl.ds(0, 1)],
-                                  out_sems.at[_i32(r)]).wait()
+            pltpu.make_async_copy(stage.at[r], _slab(out_hbm, 0, sub), sems.at[r]).wait()
 
 
-def _scatter_add(grad, idx, num_weights: int, padding_idx: int, scale: bool, interpret: bool):
+def _scatter_add(grad, idx, num_weights: int, padding_idx: int, scale: bool,
+                 tgt: tpu_info.Target):
     n, dim = grad.shape
+    sub = slab_rows(grad.dtype)
     rows = rows_per_step(n, dim, grad.dtype)
     steps = pl.cdiv(n, rows)
     idx = jnp.clip(idx, 0, num_weights - 1)
-    perm = jnp.argsort(idx, stable=True).astype(jnp.int32)
-    # Sentinel -1 after the last key ends the final run; perm padding points at row 0.
+    perm = jnp.argsort(idx, stable=True)
+    # Sentinel -1 after the last key ends the final run and tile.
     key = jnp.pad(idx[perm], (0, steps * rows + 1 - n), constant_values=-1)
-    perm = jnp.pad(perm, (0, steps * rows - n))
-    zeros = jnp.zeros((num_weights, dim), grad.dtype)
-    kernel = functools.partial(_scatter_kernel, rows=rows, n=n, padding_idx=padding_idx,
-                               scale=scale)
-    return pl.pallas_call(
+    g_sorted = pad_to(grad[perm], (steps * rows, dim))
+    padded = round_up(num_weights, sub)
+    zeros = jnp.zeros((padded, dim), grad.dtype)
+    kernel = functools.partial(_scatter_kernel, rows=rows, sub=sub, n=n,
+                               padding_idx=padding_idx, scale=scale)
+    isz = grad.dtype.itemsize
+    out = pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((num_weights, dim), grad.dtype),
+        target=tgt,
+        name="embedding_scatter_add",
+        cost_estimate=cost(2 * n * sub * dim, 2 * n * dim * isz + n * sub * dim * isz),
+        vmem_bytes=vmem_bytes(rows, dim, grad.dtype),
+        dimension_semantics=("arbitrary",),
+        out_shape=jax.ShapeDtypeStruct((padded, dim), grad.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=(steps,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
+            num_scalar_prefetch=1, grid=(steps,),
+            in_specs=[pl.BlockSpec((rows, dim), lambda i, key_ref: (i, 0)),
+                      pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec(memory_space=pl.ANY),
-            scratch_shapes=[pltpu.VMEM((rows, dim), grad.dtype),
-                            pltpu.VMEM((rows, dim), grad.dtype),
-                            pltpu.VMEM((1, dim), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((rows, sub, dim), grad.dtype),
+                            pltpu.VMEM((sub, dim), jnp.float32),
                             pltpu.SMEM((1,), jnp.int32),
                             pltpu.SMEM((rows,), jnp.int32),
-                            pltpu.SemaphoreType.DMA((rows,)),
                             pltpu.SemaphoreType.DMA((rows,))]),
-        input_output_aliases={3: 0},    # (key, perm, grad, zeros): untouched rows stay 0
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
-        interpret=interpret,
-    )(key, perm, grad, zeros)
+        input_output_aliases={2: 0},    # (key, grad, zeros): untouched tiles stay 0
+    )(key, g_sorted, zeros)
+    return out if padded == num_weights else out[:num_weights]
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -210,10 +262,11 @@ def embedding_dense_backward(grad_output: jax.Array, indices: jax.Array, num_wei
     """aten.embedding_dense_backward: grad rows [..., dim] summed into [num_weights, dim]
     by index; ``padding_idx`` (negative: none) gets zero grad; f32 accumulation."""
     dim = grad_output.shape[-1]
-    _check((num_weights, dim), grad_output.dtype, indices)
+    tgt = tpu_info.target(interpret)
+    _check((num_weights, dim), grad_output.dtype, indices, tgt.chip)
     return _scatter_add(grad_output.reshape(-1, dim), indices.reshape(-1).astype(jnp.int32),
                         int(num_weights), int(padding_idx) if padding_idx >= 0 else -1,
-                        bool(scale_grad_by_freq), tpu_info.resolve_interpret(interpret))
+                        bool(scale_grad_by_freq), tgt)
 
 
 def embedding(weight: jax.Array, indices: jax.Array, padding_idx: int = -1,
@@ -221,25 +274,25 @@ def embedding(weight: jax.Array, indices: jax.Array, padding_idx: int = -1,
     """aten.embedding: ``weight[indices]`` -> [*indices.shape, dim]. Differentiable in
     ``weight`` through :func:`embedding_dense_backward` (``padding_idx``/scaling apply
     there only, as in torch). Out-of-range indices are clipped (torch raises)."""
-    _check(weight.shape, weight.dtype, indices)
-    interp = tpu_info.resolve_interpret(interpret)
+    tgt = tpu_info.target(interpret)
+    _check(weight.shape, weight.dtype, indices, tgt.chip)
     idx = indices.reshape(-1).astype(jnp.int32)
     out = _lookup(weight, idx, weight.shape[0], int(padding_idx) if padding_idx >= 0 else -1,
-                  bool(scale_grad_by_freq), interp)
+                  bool(scale_grad_by_freq), tgt)
     return out.reshape(*indices.shape, weight.shape[1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _lookup(weight, idx, num_weights, padding_idx, scale, interpret):
-    return _gather(weight, idx, interpret)
+def _lookup(weight, idx, num_weights, padding_idx, scale, tgt):
+    return _gather(weight, idx, tgt)
 
 
-def _lookup_fwd(weight, idx, num_weights, padding_idx, scale, interpret):
-    return _gather(weight, idx, interpret), idx
+def _lookup_fwd(weight, idx, num_weights, padding_idx, scale, tgt):
+    return _gather(weight, idx, tgt), idx
 
 
-def _lookup_bwd(num_weights, padding_idx, scale, interpret, idx, g):
-    return _scatter_add(g, idx, num_weights, padding_idx, scale, interpret), None
+def _lookup_bwd(num_weights, padding_idx, scale, tgt, idx, g):
+    return _scatter_add(g, idx, num_weights, padding_idx, scale, tgt), None
 
 
 _lookup.defvjp(_lookup_fwd, _lookup_bwd)

@@ -30,6 +30,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 Blocks = tuple[int, int]   # (bq, bk)
 LANES = 128
@@ -40,17 +42,13 @@ _TABLE: dict[int, Blocks] = {128: (256, 512), 256: (512, 512)}   # by MXU width
 _SUPPORTED = ("float32", "bfloat16")
 
 
-def _round_up(x: int, mult: int) -> int:
-    return -(-x // mult) * mult
-
-
 # --- block sizes and VMEM -------------------------------------------------------------
 
 def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0) -> int:
     """Largest VMEM footprint of the three kernels (fwd, dq, dkv): double-buffered
     blocks + f32 scratch + the f32 (bq, bk) temporaries of the body."""
     bq, bk = blocks
-    d = _round_up(head_dim, LANES)
+    d = round_up(head_dim, LANES)
     isz = jnp.dtype(dtype).itemsize
     stat = bq * LANES * 4                                  # one (bq, 128) f32 block
     mask = 2 * bq * bk * mask_itemsize
@@ -63,13 +61,12 @@ def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0) -> 
     return max(fwd, dq, dkv)
 
 
-def choose_blocks(sq: int, skv: int, head_dim: int, dtype,
-                  chip: tpu_info.Chip | None = None, mask_itemsize: int = 0) -> Blocks:
+def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
+                  mask_itemsize: int = 0) -> Blocks:
     """Table entry by MXU width, clamped to the padded sequences (multiples of 128, so
     every dot has >= 128 on its contracting and lane sides), halved until it fits."""
-    chip = chip or tpu_info.current_chip()
     bq, bk = _TABLE[128 if chip.mxu <= 128 else 256]
-    bq, bk = min(bq, _round_up(sq, LANES)), min(bk, _round_up(skv, LANES))
+    bq, bk = min(bq, round_up(sq, LANES)), min(bk, round_up(skv, LANES))
     budget = tpu_info.vmem_budget(chip)
     while vmem_bytes((bq, bk), head_dim, dtype, mask_itemsize) > budget:
         if bk >= bq and bk > LANES:
@@ -137,8 +134,8 @@ def _scores(q, k, mask, *, row0, col0, scale, causal, skv, precision):
         rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0) + row0
         keep = both(keep, cols <= rows)
     if mask is not None:
-        if mask.dtype == jnp.int8:          # boolean mask, shipped as int8
-            keep = both(keep, mask != 0)
+        if mask.dtype == jnp.int8:          # boolean mask, shipped as int8; compared in
+            keep = both(keep, mask.astype(jnp.int32) != 0)   # 32-bit: the scores' layout
         else:                               # additive mask; -inf entries count as masked
             s = s + mask.astype(jnp.float32)
             keep = both(keep, s > NEG)
@@ -272,9 +269,25 @@ def _rem(a, b: int):
     return jax.lax.rem(a, jnp.asarray(b, a.dtype))
 
 
-def _params():
-    return pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+_SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
+
+
+def _cost(q, k, mask, blocks: Blocks, *, causal: bool, matmuls: int, q_major: bool):
+    """``matmuls`` (sq x d x skv) products and one exp per kept score; HBM traffic: the
+    outer operand once, the streamed one once per outer block (kv streamed past q blocks
+    for the forward and dq, q and dO streamed past kv blocks for dK/dV)."""
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    kept = 0.5 if causal else 1.0
+    scores = b * hq * sq * skv * kept
+    isz = q.dtype.itemsize
+    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block
+        traffic = 3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * (sq // blocks[0]) * kept
+    else:           # k, v, dk, dv once; q and dO once per kv block
+        traffic = 4 * k.size * isz + 2 * q.size * isz * (skv // blocks[1]) * kept
+    if mask is not None:
+        traffic += mask.size * mask.dtype.itemsize
+    return cost(2 * matmuls * scores * d, traffic, scores)
 
 
 def _mask_spec(mask, bq, bk, head_of, rows_of, cols_of):
@@ -308,7 +321,7 @@ def _q_major_specs(rep: int, blocks, causal: bool, d: int, mask):
     return qspec, kvspec, stat, mspec
 
 
-def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret):
+def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, target):
     b, hq, sqp, d = q.shape
     rep, skvp = hq // k.shape[1], k.shape[2]
     bq, bk = blocks
@@ -319,8 +332,13 @@ def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret
         args.append(mask)
     kernel = functools.partial(_fwd_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
                                bk=bk, precision=precision, has_mask=mask is not None)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="flash_attention_fwd",
+        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=2, q_major=True),
+        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
+        dimension_semantics=_SEMANTICS,
         grid=(b, hq, sqp // bq, skvp // bk),
         in_specs=in_specs,
         out_specs=[qspec, stat],
@@ -329,13 +347,11 @@ def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, interpret
         scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32),
                         pltpu.VMEM((bq, LANES), jnp.float32),
                         pltpu.VMEM((bq, d), jnp.float32)],
-        compiler_params=_params(),
-        interpret=interpret,
     )(*args)
 
 
 def _dq_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, precision,
-             interpret):
+             target):
     b, hq, sqp, d = q.shape
     rep, skvp = hq // k.shape[1], k.shape[2]
     bq, bk = blocks
@@ -346,20 +362,23 @@ def _dq_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, preci
         args.append(mask)
     kernel = functools.partial(_dq_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
                                bk=bk, precision=precision, has_mask=mask is not None)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="flash_attention_dq",
+        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=3, q_major=True),
+        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
+        dimension_semantics=_SEMANTICS,
         grid=(b, hq, sqp // bq, skvp // bk),
         in_specs=in_specs,
         out_specs=qspec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32)],
-        compiler_params=_params(),
-        interpret=interpret,
     )(*args)
 
 
 def _dkv_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, precision,
-              interpret):
+              target):
     b, hq, sqp, d = q.shape
     hkv, skvp = k.shape[1], k.shape[2]
     rep = hq // hkv
@@ -384,25 +403,26 @@ def _dkv_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, prec
         args.append(mask)
     kernel = functools.partial(_dkv_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
                                bk=bk, nq=nq, precision=precision, has_mask=mask is not None)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="flash_attention_dkv",
+        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=4, q_major=False),
+        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
+        dimension_semantics=_SEMANTICS,
         grid=(b, hkv, skvp // bk, rep * nq),
         in_specs=in_specs,
         out_specs=[kvspec, kvspec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
-        compiler_params=_params(),
-        interpret=interpret,
     )(*args)
 
 
 # --- wrapper: padding, custom_vjp -------------------------------------------------------
 
-def _pad(x, shape):
-    if x.shape == tuple(shape):
-        return x
-    return jnp.pad(x, [(0, t - s) for s, t in zip(x.shape, shape)])
+def _mask_itemsize(mask) -> int:
+    return 0 if mask is None else mask.dtype.itemsize
 
 
 def _prep_mask(mask, b, hq, sq, skv, sqp, skvp):
@@ -414,7 +434,7 @@ def _prep_mask(mask, b, hq, sq, skv, sqp, skvp):
     mask = jnp.broadcast_to(mask, mask.shape[:2] + (sq, skv))
     if mask.dtype == jnp.bool_:
         mask = mask.astype(jnp.int8)
-    return _pad(mask, mask.shape[:2] + (sqp, skvp))
+    return pad_to(mask, mask.shape[:2] + (sqp, skvp))
 
 
 def _precision(dtype):
@@ -424,18 +444,18 @@ def _precision(dtype):
 
 def _forward(q, k, v, mask, opts):
     """Padded forward: returns (out, lse) at padded shapes plus the padded operands."""
-    causal, scale, blocks, interpret = opts
+    causal, scale, blocks, target = opts
     b, hq, sq, d = q.shape
     skv = k.shape[2]
-    dp = _round_up(d, LANES)
+    dp = round_up(d, LANES)
     bq, bk = blocks
-    sqp, skvp = _round_up(sq, bq), _round_up(skv, bk)
-    qp = _pad(q, (b, hq, sqp, dp))
-    kp = _pad(k, k.shape[:2] + (skvp, dp))
-    vp = _pad(v, v.shape[:2] + (skvp, dp))
+    sqp, skvp = round_up(sq, bq), round_up(skv, bk)
+    qp = pad_to(q, (b, hq, sqp, dp))
+    kp = pad_to(k, k.shape[:2] + (skvp, dp))
+    vp = pad_to(v, v.shape[:2] + (skvp, dp))
     mp = _prep_mask(mask, b, hq, sq, skv, sqp, skvp)
     kw = dict(scale=scale, causal=causal, skv=skv, blocks=blocks,
-              precision=_precision(q.dtype), interpret=interpret)
+              precision=_precision(q.dtype), target=target)
     o, lse = _fwd_call(qp, kp, vp, mp, **kw)
     return o, lse, (qp, kp, vp, mp), kw
 
@@ -453,10 +473,10 @@ def _attention_fwd(q, k, v, mask, opts):
 
 def _attention_bwd(opts, res, g):
     (qp, kp, vp, mp), o, lse, qshape, kshape = res
-    causal, scale, blocks, interpret = opts
+    causal, scale, blocks, target = opts
     kw = dict(scale=scale, causal=causal, skv=kshape[2], blocks=blocks,
-              precision=_precision(qp.dtype), interpret=interpret)
-    do = _pad(g.astype(qp.dtype), qp.shape)
+              precision=_precision(qp.dtype), target=target)
+    do = pad_to(g.astype(qp.dtype), qp.shape)
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
     delta = jnp.broadcast_to(delta, lse.shape)          # lane-replicated like lse
     dq = _dq_call(qp, kp, vp, do, lse, delta, mp, **kw)
@@ -477,11 +497,12 @@ def _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret):
     if reason:
         raise ValueError(f"pallas flash_attention: {reason}")
     d = q.shape[3]
+    target = tpu_info.target(interpret)
     msz = 0 if mask is None else (1 if mask.dtype == jnp.bool_ else mask.dtype.itemsize)
     blocks = tuple(block) if block else choose_blocks(q.shape[2], k.shape[2], d, q.dtype,
-                                                       mask_itemsize=msz)
+                                                       target.chip, mask_itemsize=msz)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return bool(causal), scale, blocks, tpu_info.resolve_interpret(interpret)
+    return bool(causal), scale, blocks, target
 
 
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None,
@@ -521,13 +542,13 @@ def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
     opts = _opts(q, k, v, mask, causal, scale, 0.0, block, interpret)
     b, hq, sq, d = q.shape
     bq, bk = opts[2]
-    sqp, skvp, dp = _round_up(sq, bq), _round_up(k.shape[2], bk), _round_up(d, LANES)
-    qp = _pad(q, (b, hq, sqp, dp))
-    kp, vp = (_pad(x, x.shape[:2] + (skvp, dp)) for x in (k, v))
+    sqp, skvp, dp = round_up(sq, bq), round_up(k.shape[2], bk), round_up(d, LANES)
+    qp = pad_to(q, (b, hq, sqp, dp))
+    kp, vp = (pad_to(x, x.shape[:2] + (skvp, dp)) for x in (k, v))
     mp = _prep_mask(mask, b, hq, sq, k.shape[2], sqp, skvp)
-    op = _pad(out.astype(q.dtype), qp.shape)
+    op = pad_to(out.astype(q.dtype), qp.shape)
     # padded rows get lse 0: their scores are 0 and their output grads 0, so they add nothing
-    lsep = jnp.broadcast_to(_pad(lse.astype(jnp.float32)[..., None], (b, hq, sqp, 1)),
+    lsep = jnp.broadcast_to(pad_to(lse.astype(jnp.float32)[..., None], (b, hq, sqp, 1)),
                             (b, hq, sqp, LANES))
     dq, dk, dv, _ = _attention_bwd(opts, ((qp, kp, vp, mp), op, lsep, q.shape, k.shape), do)
     return dq, dk, dv

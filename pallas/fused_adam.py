@@ -23,16 +23,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LANES = 128
 _ROW_BLOCKS = (1024, 512, 256, 128, 64, 32, 16)
 # Slots of the scalar vector.
 _LR, _B1, _B2, _WD, _EPS, _STEP_SIZE, _BC2_SQRT, _INV_SCALE, _SKIP = range(9)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def vmem_bytes(block_rows: int, dtype, amsgrad: bool) -> int:
@@ -42,11 +40,10 @@ def vmem_bytes(block_rows: int, dtype, amsgrad: bool) -> int:
     return io + 6 * tpu_info.block_bytes((block_rows, LANES), jnp.float32)
 
 
-def block_rows(rows: int, dtype, amsgrad: bool, chip: tpu_info.Chip | None = None) -> int:
+def block_rows(rows: int, dtype, amsgrad: bool, chip: tpu_info.Chip) -> int:
     """Largest row block (a sublane multiple) that fits the chip's VMEM budget, capped by
     the tensor's own (rounded-up) row count."""
-    chip = chip or tpu_info.current_chip()
-    cap = _round_up(rows, tpu_info.sublane(dtype))
+    cap = round_up(rows, tpu_info.sublane(dtype))
     for br in _ROW_BLOCKS:
         if br <= cap and vmem_bytes(br, dtype, amsgrad) <= tpu_info.vmem_budget(chip):
             return br
@@ -99,26 +96,30 @@ def _kernel(s_ref, p_ref, g_ref, m_ref, v_ref, *rest, amsgrad: bool, maximize: b
         out[...] = jnp.where(skip, old[...], val.astype(out.dtype))
 
 
-def _step_one(scalars, tensors, *, amsgrad, maximize, adamw, interpret):
+def _step_one(scalars, tensors, *, amsgrad, maximize, adamw, target):
     """One pallas_call over one parameter and its states; returns the updated states."""
     shape, numel = tensors[0].shape, tensors[0].size
-    padded = _round_up(numel, LANES)
+    padded = round_up(numel, LANES)
     rows = padded // LANES
     views = [jnp.pad(t.reshape(-1), (0, padded - numel)).reshape(rows, LANES)
              if padded != numel else t.reshape(rows, LANES) for t in tensors]
     widest = max((t.dtype for t in tensors), key=lambda d: tpu_info.sublane(d))
-    br = block_rows(rows, widest, amsgrad)
+    br = block_rows(rows, widest, amsgrad, target.chip)
     spec = pl.BlockSpec((br, LANES), lambda i, s: (i, 0))
     state_ix = [0, 2, 3] + ([4] if amsgrad else [])     # p, m, v (, vmax) are updated
-    outs = pl.pallas_call(
+    moved = sum(v.nbytes for v in views) + sum(views[k].nbytes for k in state_ix)
+    outs = pallas_call(
         functools.partial(_kernel, amsgrad=amsgrad, maximize=maximize, adamw=adamw),
+        target=target,
+        name="fused_adamw" if adamw else "fused_adam",
+        cost_estimate=cost(20 * rows * LANES, moved, 2 * rows * LANES),   # sqrt, divide
+        vmem_bytes=vmem_bytes(br, widest, amsgrad),
+        dimension_semantics=("parallel",),
         out_shape=[jax.ShapeDtypeStruct(views[k].shape, views[k].dtype) for k in state_ix],
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(pl.cdiv(rows, br),),
             in_specs=[spec] * len(views), out_specs=[spec] * len(state_ix)),
         input_output_aliases={1 + k: o for o, k in enumerate(state_ix)},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=interpret,
     )(scalars, *views)
     return [o.reshape(-1)[:numel].reshape(shape) if padded != numel else o.reshape(shape)
             for o in outs]
@@ -150,7 +151,7 @@ def fused_adam(params: Sequence[jax.Array], grads: Sequence[jax.Array],
                       state_dtypes=[t.dtype for t in (*exp_avgs, *exp_avg_sqs)])
     if reason:
         raise ValueError(f"fused_adam kernel: {reason}")
-    interp = tpu_info.resolve_interpret(interpret)
+    target = tpu_info.target(interpret)
     vmaxes = list(max_exp_avg_sqs or [])
     new_p, new_m, new_v, new_vmax = [], [], [], []
     for k, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
@@ -162,7 +163,7 @@ def fused_adam(params: Sequence[jax.Array], grads: Sequence[jax.Array],
         s = _scalars(state_steps[k], lr, beta1, beta2, weight_decay, eps, grad_scale,
                      found_inf)
         outs = _step_one(s, [p, g, m, v] + ([vmaxes[k]] if amsgrad else []),
-                         amsgrad=amsgrad, maximize=maximize, adamw=adamw, interpret=interp)
+                         amsgrad=amsgrad, maximize=maximize, adamw=adamw, target=target)
         new_p.append(outs[0]), new_m.append(outs[1]), new_v.append(outs[2])
         if amsgrad:
             new_vmax.append(outs[3])

@@ -29,14 +29,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 Blocks = tuple[int, int, int]   # (tm, tk, tn)
 _TABLE: dict[int, Blocks] = {128: (256, 512, 512), 256: (256, 1024, 1024)}   # by MXU width
 _SUPPORTED = ("float32", "bfloat16")
-
-
-def _round_up(x: int, mult: int) -> int:
-    return -(-x // mult) * mult
 
 
 # --- block sizes and VMEM -------------------------------------------------------------
@@ -51,12 +49,11 @@ def vmem_bytes(blocks: Blocks, dtype) -> int:
     return max(gmm, tgmm)
 
 
-def choose_blocks(m: int, k: int, n: int, dtype, chip: tpu_info.Chip | None = None) -> Blocks:
+def choose_blocks(m: int, k: int, n: int, dtype, chip: tpu_info.Chip) -> Blocks:
     """Table entry by MXU width, clamped to the padded problem (all multiples of 128:
     tm is tgmm's contracting dim), halved (largest first) until it fits VMEM."""
-    chip = chip or tpu_info.current_chip()
     tm, tk, tn = _TABLE[128 if chip.mxu <= 128 else 256]
-    tm, tk, tn = min(tm, _round_up(m, 128)), min(tk, _round_up(k, 128)), min(tn, _round_up(n, 128))
+    tm, tk, tn = min(tm, round_up(m, 128)), min(tk, round_up(k, 128)), min(tn, round_up(n, 128))
     budget = tpu_info.vmem_budget(chip)
     while vmem_bytes((tm, tk, tn), dtype) > budget:
         if tk >= tn and tk > 128:
@@ -155,7 +152,17 @@ def _gmm_kernel(group_ref, tile_ref, start_ref, end_ref, num_ref, lhs_ref, rhs_r
         out_ref[...] = jnp.where(inside, acc_ref[...], old).astype(out_ref.dtype)
 
 
-def _gmm_call(lhs, rhs, meta, *, blocks, transpose_rhs, precision, interpret):
+def _cost(m: int, k: int, n: int, groups: int, blocks: Blocks, dtype):
+    """Every row against one group's [k, n] slice; lhs re-read per column block, each
+    group's rhs once per row tile it covers (about m / tm + groups tiles in all)."""
+    tm, tk, tn = blocks
+    isz = jnp.dtype(dtype).itemsize
+    tiles = m // tm + groups
+    traffic = (m * k * (n // tn) + tiles * tk * tn * (k // tk) * (n // tn) + m * n) * isz
+    return cost(2 * m * k * n, traffic)
+
+
+def _gmm_call(lhs, rhs, meta, *, blocks, transpose_rhs, precision, target):
     """lhs [mp, kp], rhs [g, kp, np] (or [g, np, kp] transposed), padded to blocks."""
     tm, tk, tn = blocks
     mp, kp = lhs.shape
@@ -170,8 +177,13 @@ def _gmm_call(lhs, rhs, meta, *, blocks, transpose_rhs, precision, interpret):
     rhs_block = (None, tn, tk) if transpose_rhs else (None, tk, tn)
     kernel = functools.partial(_gmm_kernel, tm=tm, num_groups=g, transpose_rhs=transpose_rhs,
                                precision=precision)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="gmm",
+        cost_estimate=_cost(mp, kp, n, g, blocks, lhs.dtype),
+        vmem_bytes=vmem_bytes(blocks, lhs.dtype),
+        dimension_semantics=("parallel", "arbitrary", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((mp, n), lhs.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(meta),
@@ -181,9 +193,6 @@ def _gmm_call(lhs, rhs, meta, *, blocks, transpose_rhs, precision, interpret):
             out_specs=pl.BlockSpec((tm, tn), lambda j, w, kk, group, tile, *_: (tile[w], j)),
             scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
-        interpret=interpret,
     )(*meta, lhs, rhs)
 
 
@@ -213,15 +222,20 @@ def _tgmm_kernel(group_ref, tile_ref, start_ref, end_ref, num_ref, lhs_ref, grad
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
 
-def _tgmm_call(lhs, grad, meta, num_groups, *, blocks, precision, interpret):
+def _tgmm_call(lhs, grad, meta, num_groups, *, blocks, precision, target):
     """lhs [mp, kp], grad [mp, np] -> [g, kp, np]; padded to blocks."""
     tm, tk, tn = blocks
     mp, kp = lhs.shape
     n = grad.shape[1]
     length = meta[0].shape[0]
     kernel = functools.partial(_tgmm_kernel, tm=tm, precision=precision)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="tgmm",
+        cost_estimate=_cost(mp, kp, n, num_groups, blocks, lhs.dtype),
+        vmem_bytes=vmem_bytes(blocks, lhs.dtype),
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((num_groups, kp, n), lhs.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(meta),
@@ -232,19 +246,10 @@ def _tgmm_call(lhs, grad, meta, num_groups, *, blocks, precision, interpret):
                                    lambda i, j, w, group, tile, *_: (group[w], i, j)),
             scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=interpret,
     )(*meta, lhs, grad)
 
 
 # --- wrappers -------------------------------------------------------------------------------
-
-def _pad(x, shape):
-    if x.shape == tuple(shape):
-        return x
-    return jnp.pad(x, [(0, t - s) for s, t in zip(x.shape, shape)])
-
 
 def _precision(dtype):
     return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
@@ -259,13 +264,14 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
     m, k = lhs.shape
     g = rhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    tm, tk, tn = block or choose_blocks(m, k, n, lhs.dtype)
-    mp, kp, np_ = _round_up(m, tm), _round_up(k, tk), _round_up(n, tn)
+    target = tpu_info.target(interpret)
+    tm, tk, tn = block or choose_blocks(m, k, n, lhs.dtype, target.chip)
+    mp, kp, np_ = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     meta = _work_list(group_sizes, m, mp, tm, with_tail=True, visit_empty=False)
-    rhs = _pad(rhs, (g, np_, kp) if transpose_rhs else (g, kp, np_))
-    out = _gmm_call(_pad(lhs, (mp, kp)), rhs, meta, blocks=(tm, tk, tn),
+    rhs = pad_to(rhs, (g, np_, kp) if transpose_rhs else (g, kp, np_))
+    out = _gmm_call(pad_to(lhs, (mp, kp)), rhs, meta, blocks=(tm, tk, tn),
                     transpose_rhs=transpose_rhs, precision=_precision(lhs.dtype),
-                    interpret=tpu_info.resolve_interpret(interpret))
+                    target=target)
     return out[:m, :n]
 
 
@@ -276,12 +282,12 @@ def tgmm(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *,
     m, k = lhs.shape
     n = grad.shape[1]
     g = group_sizes.shape[0]
-    tm, tk, tn = block or choose_blocks(m, k, n, lhs.dtype)
-    mp, kp, np_ = _round_up(m, tm), _round_up(k, tk), _round_up(n, tn)
+    target = tpu_info.target(interpret)
+    tm, tk, tn = block or choose_blocks(m, k, n, lhs.dtype, target.chip)
+    mp, kp, np_ = round_up(m, tm), round_up(k, tk), round_up(n, tn)
     meta = _work_list(group_sizes, m, mp, tm, with_tail=False, visit_empty=True)
-    out = _tgmm_call(_pad(lhs, (mp, kp)), _pad(grad.astype(lhs.dtype), (mp, np_)), meta, g,
-                     blocks=(tm, tk, tn), precision=_precision(lhs.dtype),
-                     interpret=tpu_info.resolve_interpret(interpret))
+    out = _tgmm_call(pad_to(lhs, (mp, kp)), pad_to(grad.astype(lhs.dtype), (mp, np_)), meta, g,
+                     blocks=(tm, tk, tn), precision=_precision(lhs.dtype), target=target)
     return out[:, :k, :n]
 
 

@@ -23,16 +23,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.cross_entropy import online_lse_step
+from tpu_kernels.pallas.launch import cost, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 REDUCTIONS = ("mean", "sum", "none")
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _ROW_BLOCK, _VOCAB_BLOCK = 256, 512
 _HIDDEN_BLOCKS = (1024, 512, 256, 128)
-_CHUNK_BYTES = 256 * 1024 * 1024        # f32 [n, chunk] grad-logits temporary per chunk
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
+_CHUNK_BYTES = 64 * 1024 * 1024         # f32 [n, chunk] grad-logits temporary per chunk
 
 
 def _hidden_block(h: int) -> int | None:
@@ -47,20 +45,17 @@ def vmem_bytes(block_n: int, block_v: int, block_h: int, dtype) -> int:
     """Double-buffered hidden/weight blocks, the f32 logits accumulator, ~3 f32 logits-block
     temporaries, the f32 grad block (double-buffered) and small per-row blocks."""
     f32 = jnp.float32
-    tile = lambda r, c, dt: tpu_info.block_bytes(  # noqa: E731
-        (_round_up(r, tpu_info.sublane(dt)), _round_up(c, 128)), dt)
+    tile = lambda r, c, dt: tpu_info.tile_bytes((r, c), dt)  # noqa: E731
     ins = 2 * (tile(block_n, block_h, dtype) + tile(block_v, block_h, dtype))
     logits = (1 + 3 + 2) * tile(block_n, block_v, f32)
     rows = 2 * 3 * tile(block_n, 4, f32) + 4 * tile(block_n, 1, f32)
     return ins + logits + rows
 
 
-def block_sizes(n: int, h: int, vocab: int, dtype,
-                chip: tpu_info.Chip | None = None) -> tuple[int, int, int]:
+def block_sizes(n: int, h: int, vocab: int, dtype, chip: tpu_info.Chip) -> tuple[int, int, int]:
     """(rows, vocab, hidden) blocks: MXU-friendly multiples, shrunk until they fit VMEM."""
-    chip = chip or tpu_info.current_chip()
-    bn = min(_ROW_BLOCK, _round_up(n, tpu_info.sublane(dtype)))
-    bv = min(_VOCAB_BLOCK, _round_up(vocab, 128))
+    bn = min(_ROW_BLOCK, round_up(n, tpu_info.sublane(dtype)))
+    bv = min(_VOCAB_BLOCK, round_up(vocab, 128))
     bh = _hidden_block(h) or 128
     while vmem_bytes(bn, bv, bh, dtype) > tpu_info.vmem_budget(chip) and bv > 128:
         bv //= 2
@@ -75,12 +70,13 @@ def default_chunk(n: int, vocab: int, block_v: int) -> int:
 
 
 def peak_logits_bytes(n: int, h: int, vocab: int, chunk: int | None = None,
-                      dtype=jnp.bfloat16) -> dict[str, int]:
+                      dtype=jnp.bfloat16, chip: str = "v6e") -> dict[str, int]:
     """Analytic count (not measured) of the big temporaries of one forward+backward.
     Unfused linear + cross_entropy: at least the f32 logits [n, V] and their f32 grad [n, V]
     (a lower bound; see ``measured_unfused_temp_bytes``). Fused: the f32 grad chunk
     [n, chunk], the f32 dH carry [n, h] and the f32 dW chunk [chunk, h]."""
-    chunk = chunk or default_chunk(n, vocab, block_sizes(n, h, vocab, dtype)[1])
+    chunk = chunk or default_chunk(n, vocab, block_sizes(n, h, vocab, dtype,
+                                                         tpu_info.chip(chip))[1])
     unfused = 2 * n * vocab * 4
     fused = n * chunk * 4 + n * h * 4 + chunk * h * 4
     return {"unfused": unfused, "fused": fused, "saved": unfused - fused}
@@ -163,12 +159,27 @@ def _fwd_kernel(h_ref, w_ref, t_ref, out_ref, acc, m_sc, s_sc, xt_sc, sx_sc, *,
         out_ref[:, 2:3] = sx_sc[...]
 
 
-def _row_stats(hidden, weight, target, interpret: bool):
+def _cost(n: int, h: int, vocab: int, blocks, dtype, *, grad: bool):
+    """The logits matmul, an exp per logit; HBM traffic: W once per row block, H once per
+    vocab block (plus the f32 grad chunk written, for the backward kernel)."""
+    bn, bv, _ = blocks
+    isz = jnp.dtype(dtype).itemsize
+    traffic = (vocab * h * pl.cdiv(n, bn) + n * h * pl.cdiv(vocab, bv)) * isz
+    return cost(2 * n * vocab * h + 6 * n * vocab, traffic + (4 * n * vocab if grad else 0),
+                n * vocab)
+
+
+def _row_stats(hidden, weight, target, tgt: tpu_info.Target):
     """Per-row (lse, x_target, sum_c x_c), f32 [n, 3]."""
     (n, h), vocab = hidden.shape, weight.shape[0]
-    bn, bv, bh = block_sizes(n, h, vocab, hidden.dtype)
-    return pl.pallas_call(
+    bn, bv, bh = blocks = block_sizes(n, h, vocab, hidden.dtype, tgt.chip)
+    return pallas_call(
         functools.partial(_fwd_kernel, vocab=vocab, block_v=bv),
+        target=tgt,
+        name="linear_cross_entropy_fwd",
+        cost_estimate=_cost(n, h, vocab, blocks, hidden.dtype, grad=False),
+        vmem_bytes=vmem_bytes(bn, bv, bh, hidden.dtype),
+        dimension_semantics=("parallel", "arbitrary", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((n, 3), jnp.float32),
         grid=(pl.cdiv(n, bn), pl.cdiv(vocab, bv), h // bh),
         in_specs=[pl.BlockSpec((bn, bh), lambda i, j, k: (i, k)),
@@ -177,9 +188,6 @@ def _row_stats(hidden, weight, target, interpret: bool):
         out_specs=pl.BlockSpec((bn, 3), lambda i, j, k: (i, 0)),
         scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32)]
                        + [pltpu.VMEM((bn, 1), jnp.float32) for _ in range(4)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")),
-        interpret=interpret,
     )(hidden, weight, target[:, None])
 
 
@@ -201,12 +209,17 @@ def _grad_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, g_ref, acc, *, vocab: i
         g_ref[...] = jnp.where(keep, gx, 0.0)
 
 
-def _grad_chunk(offsets, hidden, w_chunk, target, coef, vocab: int, interpret: bool):
+def _grad_chunk(offsets, hidden, w_chunk, target, coef, vocab: int, tgt: tpu_info.Target):
     """f32 dlogits [n, chunk] for weight rows w_chunk = weight[offsets[0]:+chunk]."""
     (n, h), chunk = hidden.shape, w_chunk.shape[0]
-    bn, bv, bh = block_sizes(n, h, vocab, hidden.dtype)
-    return pl.pallas_call(
+    bn, bv, bh = blocks = block_sizes(n, h, vocab, hidden.dtype, tgt.chip)
+    return pallas_call(
         functools.partial(_grad_kernel, vocab=vocab, block_v=bv),
+        target=tgt,
+        name="linear_cross_entropy_grad",
+        cost_estimate=_cost(n, h, chunk, blocks, hidden.dtype, grad=True),
+        vmem_bytes=vmem_bytes(bn, bv, bh, hidden.dtype),
+        dimension_semantics=("parallel", "parallel", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((n, chunk), jnp.float32),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(pl.cdiv(n, bn), pl.cdiv(chunk, bv), h // bh),
@@ -216,25 +229,29 @@ def _grad_chunk(offsets, hidden, w_chunk, target, coef, vocab: int, interpret: b
                       pl.BlockSpec((bn, 4), lambda i, j, k, o: (i, 0))],
             out_specs=pl.BlockSpec((bn, bv), lambda i, j, k, o: (i, j)),
             scratch_shapes=[pltpu.VMEM((bn, bv), jnp.float32)]),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=interpret,
     )(offsets, hidden, w_chunk, target[:, None], coef)
 
 
-def _backward(hidden, weight, target, coef, chunk: int, interpret: bool):
-    """(dH, dW) by vocab chunks; the [n, V] grad never exists at once. A Python loop (a few
-    to a few dozen chunks): interpret mode cannot run this pallas_call inside lax loops."""
+def _backward(hidden, weight, target, coef, chunk: int, tgt: tpu_info.Target):
+    """(dH, dW) by vocab chunks, one after another in a ``fori_loop``: one f32 grad chunk,
+    one f32 dW chunk and the f32 dH carry are all the temporaries, whatever the vocab."""
     vocab, f32 = weight.shape[0], jnp.float32
-    dh, dw = jnp.zeros(hidden.shape, f32), jnp.zeros(weight.shape, weight.dtype)
-    for c0 in range(0, vocab, chunk):
-        start = min(c0, vocab - chunk)            # last chunk shifted back to end at V
-        offsets = jnp.array([start, c0], jnp.int32)
-        w_c = weight[start:start + chunk]
-        g = _grad_chunk(offsets, hidden, w_c, target, coef, vocab, interpret)
+
+    def step(c, carry):
+        dh, dw = carry
+        c0 = c * chunk
+        start = jnp.minimum(c0, vocab - chunk)      # last chunk shifted back to end at V
+        w_c = lax.dynamic_slice_in_dim(weight, start, chunk)
+        offsets = jnp.stack([start, c0]).astype(jnp.int32)   # SMEM scalars are 32-bit
+        g = _grad_chunk(offsets, hidden, w_c, target, coef, vocab, tgt)
         dh = dh + jnp.dot(g, w_c, preferred_element_type=f32)
+        # rows [start, c0) belong to the previous chunk: g is 0 there, so adding is exact
         dw_c = jnp.dot(g.T, hidden, preferred_element_type=f32)
-        dw = dw.at[c0:start + chunk].set(dw_c[c0 - start:].astype(dw.dtype))  # in place
+        old = lax.dynamic_slice_in_dim(dw, start, chunk).astype(f32)
+        return dh, lax.dynamic_update_slice_in_dim(dw, (old + dw_c).astype(dw.dtype), start, 0)
+
+    init = (jnp.zeros(hidden.shape, f32), jnp.zeros(weight.shape, weight.dtype))
+    dh, dw = lax.fori_loop(0, pl.cdiv(vocab, chunk), step, init)
     return dh.astype(hidden.dtype), dw
 
 
@@ -254,18 +271,18 @@ def _reduce(loss, valid, reduction: str):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _lce(hidden, weight, target, ignore_index, reduction, eps, chunk, interpret):
-    return _lce_fwd(hidden, weight, target, ignore_index, reduction, eps, chunk, interpret)[0]
+def _lce(hidden, weight, target, ignore_index, reduction, eps, chunk, tgt):
+    return _lce_fwd(hidden, weight, target, ignore_index, reduction, eps, chunk, tgt)[0]
 
 
-def _lce_fwd(hidden, weight, target, ignore_index, reduction, eps, chunk, interpret):
-    stats = _row_stats(hidden, weight, target, interpret)
+def _lce_fwd(hidden, weight, target, ignore_index, reduction, eps, chunk, tgt):
+    stats = _row_stats(hidden, weight, target, tgt)
     loss, valid = _row_loss(stats, target, weight.shape[0], ignore_index, eps)
     out = _reduce(loss, valid, reduction).astype(hidden.dtype)
     return out, (hidden, weight, target, stats[:, 0])
 
 
-def _lce_bwd(ignore_index, reduction, eps, chunk, interpret, res, g):
+def _lce_bwd(ignore_index, reduction, eps, chunk, tgt, res, g):
     hidden, weight, target, lse = res
     vocab = weight.shape[0]
     valid = target != ignore_index
@@ -275,7 +292,7 @@ def _lce_bwd(ignore_index, reduction, eps, chunk, interpret, res, g):
     r = jnp.where(valid, jnp.broadcast_to(g, target.shape), 0.0)
     a, b = r * (1.0 - eps), r * (eps / vocab)
     coef = jnp.stack([lse, a, b, a + b * vocab], axis=1)
-    dh, dw = _backward(hidden, weight, target, coef, chunk, interpret)
+    dh, dw = _backward(hidden, weight, target, coef, chunk, tgt)
     return dh, dw, None
 
 
@@ -296,7 +313,8 @@ def linear_cross_entropy(hidden: jax.Array, weight: jax.Array, target: jax.Array
     if reason:
         raise ValueError(f"linear_cross_entropy kernel: {reason}")
     n, vocab = hidden.shape[0], weight.shape[0]
-    bv = block_sizes(n, hidden.shape[1], vocab, hidden.dtype)[1]
+    tgt = tpu_info.target(interpret)
+    bv = block_sizes(n, hidden.shape[1], vocab, hidden.dtype, tgt.chip)[1]
     chunk = min(int(chunk), vocab) if chunk else default_chunk(n, vocab, bv)
     return _lce(hidden, weight, target.astype(jnp.int32), int(ignore_index), reduction,
-                float(label_smoothing), chunk, tpu_info.resolve_interpret(interpret))
+                float(label_smoothing), chunk, tgt)

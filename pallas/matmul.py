@@ -22,6 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
+from tpu_kernels.pallas.tpu_info import round_up
 
 Blocks = tuple[int, int, int]   # (bm, bn, bk)
 
@@ -36,10 +38,6 @@ _TABLE: dict[tuple[int, str], Blocks] = {
 _SUPPORTED = ("float32", "bfloat16")
 
 
-def _round_up(x: int, mult: int) -> int:
-    return -(-x // mult) * mult
-
-
 def vmem_bytes(blocks: Blocks, dtype, out_dtype=None, bias_bytes: int = 0) -> int:
     """VMEM the kernel holds: 2 buffers of each input/output block + f32 accumulator."""
     bm, bn, bk = blocks
@@ -48,16 +46,15 @@ def vmem_bytes(blocks: Blocks, dtype, out_dtype=None, bias_bytes: int = 0) -> in
     return 2 * (bm * bk + bk * bn) * isz + 2 * bm * bn * osz + bm * bn * 4 + 2 * bias_bytes
 
 
-def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip | None = None) -> Blocks:
+def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip) -> Blocks:
     """Table entry for (chip.mxu, shape class), clamped to the padded problem, then
     halved (largest first, never below (sublane, 128, 128)) until it fits VMEM."""
-    chip = chip or tpu_info.current_chip()
     sub = tpu_info.sublane(dtype)
     shape_class = "skinny" if m <= 256 else "square"
     bm, bn, bk = _TABLE[(128 if chip.mxu <= 128 else 256, shape_class)]
-    bm = min(bm, _round_up(m, sub))
-    bn = min(bn, _round_up(n, 128))
-    bk = min(bk, _round_up(k, 128))
+    bm = min(bm, round_up(m, sub))
+    bn = min(bn, round_up(n, 128))
+    bk = min(bk, round_up(k, 128))
     budget = tpu_info.vmem_budget(chip)
     while vmem_bytes((bm, bn, bk), dtype) > budget:
         if bk >= max(bn, bm) and bk > 128:
@@ -132,7 +129,15 @@ def _bias_2d(bias: jax.Array) -> jax.Array:
     return bias.reshape((1,) * (2 - bias.ndim) + bias.shape)
 
 
-def _tiled(a, b, bias, *, blocks, precision, alpha, beta, interpret):
+def _cost(nb: int, m: int, n: int, k: int, blocks: Blocks, dtype, bias_bytes: int):
+    """FLOPs and HBM traffic: A is re-read for every column block, B for every row block."""
+    bm, bn, _ = blocks
+    isz = jnp.dtype(dtype).itemsize
+    traffic = nb * (m * k * (n // bn) + k * n * (m // bm) + m * n) * isz + bias_bytes
+    return cost(2 * nb * m * n * k, traffic)
+
+
+def _tiled(a, b, bias, *, blocks, precision, alpha, beta, target):
     """a [B, m, k] @ b [B, k, n] (+ 2-D bias), all already padded to block multiples."""
     nb, m, k = a.shape
     n = b.shape[2]
@@ -141,31 +146,29 @@ def _tiled(a, b, bias, *, blocks, precision, alpha, beta, interpret):
     in_specs = [pl.BlockSpec((None, bm, bk), lambda g, i, j, kk: (g, i, kk)),
                 pl.BlockSpec((None, bk, bn), lambda g, i, j, kk: (g, kk, j))]
     operands = [a, b]
+    bias_block = 0
     if bias is not None:
         rows, cols = bias.shape
+        block = (bm if rows > 1 else 1, bn if cols > 1 else 1)
         in_specs.append(pl.BlockSpec(
-            (bm if rows > 1 else 1, bn if cols > 1 else 1),
-            lambda g, i, j, kk: (i if rows > 1 else 0, j if cols > 1 else 0)))
+            block, lambda g, i, j, kk: (i if rows > 1 else 0, j if cols > 1 else 0)))
         operands.append(bias)
+        bias_block = tpu_info.tile_bytes(block, bias.dtype)
     kernel = functools.partial(_kernel, precision=precision, alpha=alpha, beta=beta,
                                has_bias=bias is not None)
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        target=target,
+        name="matmul",
+        cost_estimate=_cost(nb, m, n, k, blocks, a.dtype, 0 if bias is None else bias.nbytes),
+        vmem_bytes=vmem_bytes(blocks, a.dtype, bias_bytes=bias_block),
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
         out_shape=jax.ShapeDtypeStruct((nb, m, n), a.dtype),
         grid=grid,
         in_specs=in_specs,
         out_specs=pl.BlockSpec((None, bm, bn), lambda g, i, j, kk: (g, i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        interpret=interpret,
     )(*operands)
-
-
-def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    if x.shape == shape:
-        return x
-    return jnp.pad(x, [(0, t - s) for s, t in zip(x.shape, shape)])
 
 
 def _resolve_precision(dtype, precision):
@@ -176,21 +179,21 @@ def _resolve_precision(dtype, precision):
 
 
 def _forward(a, b, bias, opts):
-    """Pad, run the tiled kernel, slice back. ``opts`` = (precision, block, interpret,
+    """Pad, run the tiled kernel, slice back. ``opts`` = (precision, block, target,
     alpha, beta), hashable so it can be a custom_vjp static argument."""
-    precision, block, interpret, alpha, beta = opts
+    precision, block, target, alpha, beta = opts
     nb, m, k = a.shape
     n = b.shape[2]
-    bm, bn, bk = block or choose_blocks(m, n, k, a.dtype)
-    mp, np_, kp = _round_up(m, bm), _round_up(n, bn), _round_up(k, bk)
-    a = _pad_to(a, (nb, mp, kp))
-    b = _pad_to(b, (nb, kp, np_))
+    bm, bn, bk = block or choose_blocks(m, n, k, a.dtype, target.chip)
+    mp, np_, kp = round_up(m, bm), round_up(n, bn), round_up(k, bk)
+    a = pad_to(a, (nb, mp, kp))
+    b = pad_to(b, (nb, kp, np_))
     if bias is not None:
         bias = _bias_2d(bias)
-        bias = _pad_to(bias, (mp if bias.shape[0] > 1 else 1, np_ if bias.shape[1] > 1 else 1))
+        bias = pad_to(bias, (mp if bias.shape[0] > 1 else 1, np_ if bias.shape[1] > 1 else 1))
     out = _tiled(a, b, bias, blocks=(bm, bn, bk),
                  precision=_resolve_precision(a.dtype, precision), alpha=alpha, beta=beta,
-                 interpret=tpu_info.resolve_interpret(interpret))
+                 target=target)
     return out[:, :m, :n]
 
 
@@ -206,8 +209,8 @@ def _mm_fwd(a, b, bias, opts):
 def _mm_bwd(opts, res, g):
     """dA = alpha g B^T, dB = alpha A^T g (same kernel, fresh blocks), dbias = beta sum(g)."""
     a, b, bias = res
-    precision, _, interpret, alpha, beta = opts
-    bopts = (precision, None, interpret, alpha, 1.0)
+    precision, _, target, alpha, beta = opts
+    bopts = (precision, None, target, alpha, 1.0)
     g = g.astype(a.dtype)
     da = _forward(g, jnp.swapaxes(b, 1, 2), None, bopts)
     db = _forward(jnp.swapaxes(a, 1, 2), g, None, bopts)
@@ -241,7 +244,7 @@ def matmul(a: jax.Array, b: jax.Array, bias: jax.Array | None = None, *,
     _check(a, b, bias)
     if a.ndim != 2:
         raise ValueError("matmul takes 2-D operands; use bmm for 3-D")
-    opts = (precision, block, interpret, float(alpha), float(beta))
+    opts = (precision, block, tpu_info.target(interpret), float(alpha), float(beta))
     return _mm(a[None], b[None], bias, opts)[0]
 
 
@@ -251,4 +254,4 @@ def bmm(a: jax.Array, b: jax.Array, *, precision: jax.lax.Precision | None = Non
     _check(a, b, None)
     if a.ndim != 3:
         raise ValueError("bmm takes 3-D operands")
-    return _mm(a, b, None, (precision, block, interpret, 1.0, 1.0))
+    return _mm(a, b, None, (precision, block, tpu_info.target(interpret), 1.0, 1.0))

@@ -381,6 +381,6 @@ def ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
         out = _call(rows, k_pages, v_pages, meta, blocks=blocks, rep=rep, pages_per_seq=p,
                     max_seqs=s, scale=scale,
                     cost_estimate=_cost_estimate(t, s, p, n, hq, hkv, d, ps, q.dtype),
-                    interpret=tpu_info.resolve_interpret(interpret))
+                    interpret=tpu_info.target(interpret).interpret)
     out = out.reshape(hkv, tp, rep, d).transpose(1, 0, 2, 3).reshape(tp, hq, d)
     return out[:t]

@@ -1,20 +1,35 @@
-"""The op table: ATen op -> impls (Pallas, Helion, XLA lowering, user, decomposition).
+"""The op table: ATen op -> impls (Pallas, Helion, XLA lowering, user, runtime).
 
     from tpu_kernels import registry
     registry.impls("aten::mm")               # every impl, highest priority first
     registry.which("aten::mm", a, b)         # the impl that runs for these arguments, and why
+    registry.route(op, margs, mkwargs)       # the whole answer: handler, impl, twin, decomposition...
     with registry.only("xla"): ...           # force the XLA lowerings
     with registry.disable("pallas"): ...
 
-Importing this package loads the built-in XLA lowerings and kernel bindings. The
-registry never imports the runtime (``tpu_kernels.dispatch`` and friends).
+Importing this package declares this library's ops and loads the built-in XLA lowerings
+and kernel bindings. The registry never imports the runtime (``tpu_kernels.dispatch``
+and friends): the runtime registers its own handlers here (``register_runtime``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from tpu_kernels.registry.core import KINDS, REGISTRY, Impl, lookup_op
-from tpu_kernels.registry.decorator import resolve_overload, tpu_kernel, unregister
+import torch
+from torch.utils._pytree import tree_map
+
+# declared first, then the impls: XLA lowerings, then kernel bindings
+from tpu_kernels.registry import custom_ops
+from tpu_kernels.registry.custom_ops import library as _library  # noqa: F401  (declares tpu_kernels::*)
+from tpu_kernels.registry import xla as _xla  # noqa: F401  (registers the lowerings)
+from tpu_kernels.registry import bindings as _bindings  # noqa: F401  (binds Pallas/Helion kernels)
+from tpu_kernels.registry.core import REGISTRY, Impl
+from tpu_kernels.registry.custom_ops import declare_op
+from tpu_kernels.registry.decorator import tpu_kernel, unregister
+from tpu_kernels.registry.kinds import KINDS
+from tpu_kernels.registry.opnames import lookup_op, resolve_overload
+from tpu_kernels.registry.route import Route, decomposition, route
+from tpu_kernels.registry.runtime import register_runtime, register_runtime_rule, runtime_handler
 
 disable = REGISTRY.disable
 only = REGISTRY.only
@@ -27,39 +42,20 @@ def impls(op: Any) -> list[Impl]:
     return REGISTRY.impls(resolve_overload(op))
 
 
+def _meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
 def which(op: Any, *args: Any, **kwargs: Any) -> tuple[Impl | None, list[tuple[Impl, str]]]:
-    """The impl that would run for these arguments, and each skipped impl with its reason."""
-    from torch.utils._pytree import tree_map
-
-    import torch
-
-    def meta(x):
-        if isinstance(x, torch.Tensor):
-            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return x
-    overload = resolve_overload(op)
-    impl, skipped = REGISTRY.resolve(overload, tree_map(meta, args), tree_map(meta, kwargs))
-    if impl is None:
-        impl = decomposition(overload)
-    return impl, skipped
+    """The impl that would run for these arguments (a runtime handler, a registered impl,
+    the functional twin's impl of an in-place op, the decomposition, the CPU fallback;
+    None when the op is refused), and each skipped impl with its reason."""
+    r = route(resolve_overload(op), tree_map(_meta, args), tree_map(_meta, kwargs))
+    return r.impl, list(r.skipped)
 
 
-def decomposition(op: Any) -> Impl | None:
-    """torch's decomposition of ``op`` as a ``decomp`` impl (what runs when nothing is
-    registered), or None."""
-    from torch._decomp import decomposition_table
-    fn = decomposition_table.get(op)
-    if fn is None or REGISTRY.disabled("decomp"):
-        return None
-    return Impl(op, fn, "decomp", "torch._decomp", priority=0)
-
-
-def _load_builtins() -> None:
-    from tpu_kernels.registry import xla  # noqa: F401  (registers the lowerings)
-    from tpu_kernels.registry import kernels  # noqa: F401  (binds Pallas/Helion kernels)
-
-
-_load_builtins()
-
-__all__ = ["KINDS", "REGISTRY", "Impl", "tpu_kernel", "unregister", "impls", "which", "disable",
-           "only", "force", "interpret", "lookup_op", "resolve_overload", "decomposition"]
+__all__ = ["KINDS", "REGISTRY", "Impl", "Route", "tpu_kernel", "unregister", "impls", "which", "route",
+           "disable", "only", "force", "interpret", "lookup_op", "resolve_overload", "decomposition",
+           "declare_op", "custom_ops", "register_runtime", "register_runtime_rule", "runtime_handler"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import errors
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
@@ -83,9 +83,48 @@ def check(ok: jax.Array, message: str, exc: type = IndexError) -> None:
     synchronisation (``.item()``, ``.cpu()``, printing, ``torch.tpu.synchronize()``), or at
     once with ``TPU_KERNELS_SYNC_CHECKS=1``. XLA would otherwise clamp or drop the bad
     values silently. Outside a lowering (e.g. a kernel called from JAX) it does nothing, and
-    so it does with ``errors.index_checks(False)`` / ``TPU_KERNELS_INDEX_CHECKS=0`` (the
+    so it does with ``index_checks(False)`` / ``TPU_KERNELS_INDEX_CHECKS=0`` (the
     dispatcher keys its cache on that switch, so toggling it retraces).
     """
     call = _CALL.get()
-    if call is not None and errors.INDEX_CHECKS:
+    if call is not None and INDEX_CHECKS.on:
         call.checks.append((jnp.logical_not(jnp.all(ok)), exc, message))
+
+
+class Switch:
+    """A process-wide on/off flag. ``switch.set(v)`` sets it at once and returns a context
+    manager that restores the old value on exit: a plain call, or a ``with`` block."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def set(self, on: bool) -> "_Restore":
+        restore = _Restore(self, self.on)
+        self.on = bool(on)
+        return restore
+
+    def __bool__(self) -> bool:
+        return self.on
+
+
+class _Restore:
+    def __init__(self, switch: Switch, old: bool) -> None:
+        self._switch, self._old = switch, old
+
+    def __enter__(self) -> "_Restore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._switch.on = self._old
+
+
+# TPU_KERNELS_INDEX_CHECKS=0: lowerings compute no check flags at all (XLA then clamps or
+# drops bad indices silently). Read when an op is traced; part of the dispatch cache key.
+INDEX_CHECKS = Switch(os.environ.get("TPU_KERNELS_INDEX_CHECKS", "1") not in ("", "0"))
+
+
+def index_checks(on: bool = True) -> _Restore:
+    """Compute device-side checks (index ranges, integer division by zero, probabilities)
+    or not (``TPU_KERNELS_INDEX_CHECKS``); toggling retraces ops, it never reuses stale code.
+    A plain call switches for good; a ``with`` block for the block."""
+    return INDEX_CHECKS.set(on)

@@ -4,6 +4,11 @@ An ``Impl`` is a pure function (jax arrays and Python values in, jax arrays out)
 a ``supports`` predicate that may refuse arguments with a reason. ``resolve`` walks an
 op's impls in priority order and returns the first that is enabled and accepts the
 arguments; the XLA lowering closes every list, so a refusal is never an error.
+
+Impls of kind ``runtime`` are different: the tpu runtime's own handlers, called as
+``fn(op, args, kwargs)`` on tpu tensors. A handler takes every call of its op (the route
+asks for it before anything else, see ``route.py``); a *rule* is a handler for a whole
+class of ops (every view op), since those cannot be listed one by one.
 """
 from __future__ import annotations
 
@@ -13,12 +18,8 @@ import os
 import threading
 from typing import Any, Callable, Iterator
 
-import torch
-
-KINDS = ("user", "pallas", "helion", "xla", "decomp")
-KERNEL_KINDS = ("pallas", "helion")
-# Higher runs first; user kernels win over built-ins by default.
-DEFAULT_PRIORITY = {"user": 300, "pallas": 200, "helion": 200, "xla": 100, "decomp": 0}
+from tpu_kernels.pallas.tpu_info import target
+from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, KERNEL_KINDS, SWITCHABLE_KINDS
 
 
 @dataclasses.dataclass(eq=False)
@@ -56,15 +57,30 @@ class Impl:
         return f"<Impl {self.kind}:{self.name} for {self.op}>"
 
 
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A runtime handler for every op ``applies`` accepts (views: ``op.is_view``)."""
+    name: str
+    applies: Callable[[Any], bool]
+    fn: Callable[..., Any]
+
+    def impl_for(self, op: Any) -> Impl:
+        return Impl(op, self.fn, "runtime", self.name, priority=DEFAULT_PRIORITY["runtime"])
+
+
+def _kinds_from_env() -> frozenset[str]:
+    disabled = frozenset(k.strip() for k in os.environ.get("TPU_KERNELS_DISABLE", "").split(",") if k.strip())
+    only = os.environ.get("TPU_KERNELS_ONLY", "").strip()
+    if only:
+        disabled = frozenset(k for k in SWITCHABLE_KINDS if k not in only.split(","))
+    return disabled
+
+
 class _Enablement:
     """Process-wide switches (the autograd engine runs backward ops on its own thread)."""
 
     def __init__(self) -> None:
-        self.disabled: frozenset[str] = frozenset(
-            k.strip() for k in os.environ.get("TPU_KERNELS_DISABLE", "").split(",") if k.strip())
-        only = os.environ.get("TPU_KERNELS_ONLY", "").strip()
-        if only:
-            self.disabled = frozenset(k for k in KINDS if k not in only.split(","))
+        self.disabled: frozenset[str] = _kinds_from_env()
         self.forced: dict[Any, Impl] = {}
         # Pallas and Helion kernels run off TPU (in interpret mode) only when asked.
         self.interpret = os.environ.get("TPU_KERNELS_INTERPRET", "") not in ("", "0")
@@ -75,6 +91,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._table: dict[Any, list[Impl]] = {}
+        self._rules: list[Rule] = []
         self._lock = threading.RLock()
         self._state = _Enablement()
         self.epoch = 0  # bumped on every change; part of every dispatch cache key
@@ -95,12 +112,33 @@ class Registry:
                 impls.remove(impl)
             self.epoch += 1
 
+    def add_rule(self, rule: Rule) -> Rule:
+        with self._lock:
+            self._rules.append(rule)
+            self.epoch += 1
+        return rule
+
     # -- questions -----------------------------------------------------------
     def impls(self, op: Any) -> list[Impl]:
-        """Every impl of ``op``, highest priority first."""
-        return list(self._table.get(op, ()))
+        """Every impl of ``op`` (its rules' handlers included), highest priority first."""
+        own = self._table.get(op, ())
+        ruled = [r.impl_for(op) for r in self._rules if r.applies(op)]
+        if not ruled:
+            return list(own)
+        return sorted([*own, *ruled], key=lambda i: -i.priority)
+
+    def runtime_handler(self, op: Any) -> Impl | None:
+        """The runtime's handler of ``op`` (it takes every call), or None."""
+        for impl in self._table.get(op, ()):
+            if impl.kind == "runtime":
+                return impl
+        for rule in self._rules:
+            if rule.applies(op):
+                return rule.impl_for(op)
+        return None
 
     def ops(self) -> list[Any]:
+        """Ops with impls in the table (ops reached only by a rule are not listed)."""
         return [op for op, impls in self._table.items() if impls]
 
     def has(self, op: Any) -> bool:
@@ -114,26 +152,28 @@ class Registry:
         st = self._state
         if impl.kind in st.disabled:
             return f"kind {impl.kind!r} disabled"
-        if impl.kind in KERNEL_KINDS and not st.interpret:
-            from tpu_kernels.pallas.tpu_info import on_tpu
-            if not on_tpu():
-                return "no TPU: kernels run off TPU only in interpret mode (TPU_KERNELS_INTERPRET=1)"
+        if impl.kind in KERNEL_KINDS and not st.interpret and target().interpret:
+            # off TPU, and not compiling for a chip (tpu_info.compile_for)
+            return "no TPU: kernels run off TPU only in interpret mode (TPU_KERNELS_INTERPRET=1)"
         return None
 
     def resolve(self, op: Any, args: tuple, kwargs: dict) -> tuple[Impl | None, list[tuple[Impl, str]]]:
-        """The impl that runs for these arguments, and each skipped impl with its reason.
+        """The registered impl that runs for these arguments, and each skipped impl with
+        its reason (runtime handlers are the route's business, not listed here).
 
         ``args``/``kwargs`` are what ``supports`` predicates see: tensors with real
         shapes and dtypes (meta tensors on the dispatch path).
         """
         skipped: list[tuple[Impl, str]] = []
         forced = self._state.forced.get(op)
-        if forced is not None:  # forced where it applies: a call it refuses resolves as usual
-            reason = forced.check(*args, **kwargs)
-            if reason is None:
+        if forced is not None and forced.kind != "runtime":
+            reason = forced.check(*args, **kwargs)   # forced where it applies: a call it
+            if reason is None:                       # refuses resolves as usual
                 return forced, []
             skipped.append((forced, f"forced, but refuses: {reason}"))
         for impl in self._table.get(op, ()):
+            if impl.kind == "runtime":
+                continue
             reason = self.enabled(impl) or impl.check(*args, **kwargs)
             if reason is None:
                 return impl, skipped
@@ -156,9 +196,10 @@ class Registry:
 
     @contextlib.contextmanager
     def only(self, *kinds: str) -> Iterator[None]:
-        """Within the block, only impls of ``kinds`` run (``only("xla")``)."""
+        """Within the block, only impls of ``kinds`` run (``only("xla")``); the runtime's
+        own handlers always do."""
         _check_kinds(kinds)
-        with self.disable(*(k for k in KINDS if k not in kinds)):
+        with self.disable(*(k for k in SWITCHABLE_KINDS if k not in kinds)):
             yield
 
     @contextlib.contextmanager
@@ -194,27 +235,9 @@ class Registry:
 
 
 def _check_kinds(kinds: tuple[str, ...]) -> None:
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in SWITCHABLE_KINDS]
     if bad:
-        raise ValueError(f"unknown impl kind(s) {bad}; known kinds: {list(KINDS)}")
+        raise ValueError(f"unknown impl kind(s) {bad}; kinds that can be switched: {list(SWITCHABLE_KINDS)}")
 
 
 REGISTRY = Registry()
-
-
-def lookup_op(name: str | Any) -> Any:
-    """``"aten::add.Tensor"``, ``"aten.add.Tensor"``, ``"aten::add"`` or an OpOverload(Packet)."""
-    if not isinstance(name, str):
-        return name
-    ns, _, rest = name.replace("::", ".").partition(".")
-    base, _, overload = rest.partition(".")
-    try:
-        packet = getattr(getattr(torch.ops, ns), base)
-    except (AttributeError, RuntimeError) as exc:
-        raise ValueError(f"unknown op {name!r}: torch.ops.{ns}.{base} does not exist") from exc
-    if not overload:
-        return packet
-    try:
-        return getattr(packet, overload)
-    except AttributeError as exc:
-        raise ValueError(f"unknown overload {name!r}; {ns}::{base} has {packet.overloads()}") from exc

@@ -7,25 +7,24 @@ to an op in the registry. Built-in lowerings and kernels use it exactly as users
 
 Misuse fails here, at decoration time: unknown op, a signature that cannot take the
 op's arguments, the same function registered twice for an op without ``override=True``.
+A user kernel for an op that does not exist yet (``"mylib::fused_rms_norm"``) declares
+it first (``custom_ops.declare_op``: schema from the type hints, ``reference``,
+``backward``, ``fake``) and then adds itself as its impl; built-in kernels only bind to
+ops declared beforehand (``custom_ops/library.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable
 
-from tpu_kernels.registry.core import DEFAULT_PRIORITY, KINDS, REGISTRY, Impl, lookup_op
+from tpu_kernels.pallas.tpu_info import target
+from tpu_kernels.registry.core import REGISTRY, Impl
+from tpu_kernels.registry.custom_ops.define import CustomOp, add_impl, declare_op
+from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, REGISTERED_KINDS
+from tpu_kernels.registry.opnames import lookup_op, resolve_overload
 
-
-def resolve_overload(name: Any) -> Any:
-    """An OpOverload from a name; a bare packet means its ``.default`` overload."""
-    op = lookup_op(name)
-    if hasattr(op, "overloads"):  # a packet
-        if "default" in op.overloads():
-            return op.default
-        raise ValueError(
-            f"op {name!r} has several overloads {op.overloads()}; name one, e.g. "
-            f"\"{name}.{op.overloads()[0]}\"")
-    return op
+_DECORATOR_KINDS = tuple(k for k in REGISTERED_KINDS if k != "runtime")   # runtime: registry.runtime
 
 
 def check_signature(fn: Callable, op: Any) -> None:
@@ -67,20 +66,22 @@ def tpu_kernel(*ops: Any, kind: str = "user", supports: Callable[..., Any] | Non
     ``supports(*args, **kwargs)`` sees the op's arguments as torch (meta) tensors and
     Python values; it returns True/None to accept, False or a reason string to refuse.
     It is evaluated once per argument signature (shapes, dtypes, static values).
-    Names of ops that do not exist yet (``"mylib::fused_rms_norm"``) define new custom
-    ops; see ``custom_op.py``.
+    A user kernel naming an op that does not exist yet declares it (``reference``,
+    ``backward`` and ``fake`` go to ``declare_op``) and returns the new op.
     """
     if not ops:
         raise TypeError("@tpu_kernel needs an op name, e.g. @tpu_kernel(\"aten::gelu\")")
-    if kind not in KINDS:
-        raise ValueError(f"@tpu_kernel: kind {kind!r} not one of {KINDS}")
+    if kind not in _DECORATOR_KINDS:
+        raise ValueError(f"@tpu_kernel: kind {kind!r} not one of {_DECORATOR_KINDS}")
 
     def deco(fn: Callable) -> Callable:
         for op_name in ops:
-            if _is_new_custom_op(op_name):
-                from tpu_kernels.registry.custom_op import define_custom_op
-                return define_custom_op(op_name, fn, kind=kind, supports=supports,
-                                        priority=priority, override=override, **custom)
+            if _is_new_op(op_name):
+                if kind != "user":   # built-in kernels bind to declared ops only
+                    raise ValueError(
+                        f"@tpu_kernel({op_name!r}, kind={kind!r}): no such op; declare it first "
+                        f"(registry.declare_op; this library's ops: registry/custom_ops/library.py)")
+                return _declare_and_add(op_name, fn, kind, supports, priority, custom)
             op = resolve_overload(op_name)
             if custom:
                 raise TypeError(f"@tpu_kernel({op_name!r}): {sorted(custom)} only apply to new custom ops")
@@ -104,7 +105,8 @@ def tpu_kernel(*ops: Any, kind: str = "user", supports: Callable[..., Any] | Non
     return deco
 
 
-def _is_new_custom_op(name: Any) -> bool:
+def _is_new_op(name: Any) -> bool:
+    """True for the name of an op that does not exist yet (a user's new op)."""
     if not isinstance(name, str):
         return False
     if "::" not in name and "." not in name:
@@ -117,6 +119,41 @@ def _is_new_custom_op(name: Any) -> bool:
         return False
     except ValueError:
         return True
+
+
+def _declare_and_add(name: str, fn: Callable, kind: str, supports, priority, custom: dict) -> CustomOp:
+    """Declare ``name`` from ``fn``'s type hints, then add ``fn`` as its impl."""
+    hinted, jax_fn = _underlying(fn)
+    custom_op = declare_op(name, hinted, **custom)
+    add_impl(custom_op.op, jax_fn, kind, getattr(hinted, "__name__", custom_op.__name__), supports, priority)
+    return custom_op
+
+
+def _underlying(fn: Callable) -> tuple[Callable, Callable]:
+    """(function with the type hints, pure-JAX callable). Helion kernels expose ``jax_fn``."""
+    if type(fn).__name__ == "Kernel" and hasattr(fn, "jax_fn"):
+        kernel = fn
+
+        def helion_jax_fn(*args, **kwargs):
+            return _for_interpret(kernel, target().interpret).jax_fn(*args, **kwargs)
+        helion_jax_fn.__name__ = getattr(kernel.fn, "__name__", "helion_kernel")
+        return kernel.fn, helion_jax_fn
+    return fn, fn
+
+
+_VARIANTS: dict[tuple[int, bool], Any] = {}
+
+
+def _for_interpret(kernel: Any, interpret: bool) -> Any:
+    """``kernel`` with Helion's ``pallas_interpret`` setting = ``interpret``: the launcher
+    then gets the flag explicitly (not from the HELION_PALLAS_INTERPRET variable)."""
+    if kernel.settings.pallas_interpret == interpret:
+        return kernel
+    key = (id(kernel), interpret)
+    if key not in _VARIANTS:
+        settings = dataclasses.replace(kernel.settings, pallas_interpret=interpret)
+        _VARIANTS[key] = type(kernel)(kernel.fn, configs=kernel.configs, settings=settings)
+    return _VARIANTS[key]
 
 
 def unregister(fn_or_impl: Any) -> None:

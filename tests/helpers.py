@@ -9,3 +9,21 @@ def torch_f32(a, requires_grad: bool = False):
     import torch
     t = torch.from_numpy(np.asarray(jnp.asarray(a, jnp.float32)).copy())
     return t.requires_grad_(requires_grad)
+
+
+def tpu_compile(fn, *specs, chip: str = "v7x", kernels: int | None = None):
+    """Compile ``fn(*specs)`` for ``chip`` with the real XLA:TPU + Mosaic compiler (libtpu,
+    compile-only); the compiler's Summary. ``kernels``: the number of Mosaic kernels the
+    program must hold. Skips when libtpu is missing (``make test`` installs it)."""
+    import pytest
+
+    from tpu_kernels import aot
+    reason = aot.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    summary = aot.compile(fn, *specs, chip=chip).summary
+    if kernels is not None:
+        assert len(summary.kernels) == kernels, summary.format()
+    for k in summary.kernels:
+        assert k.flops is not None, f"{k.name} declares no pl.CostEstimate"
+    return summary

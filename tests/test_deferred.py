@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import tpu_kernels
-from tpu_kernels import deferred_mode
+from tpu_kernels import deferred_mode, lazy
 
 
 def test_values_needed_flush_the_recording():
     with tpu_kernels.deferred():
         x = torch.arange(6.0, device="tpu").reshape(2, 3)
         y = (x * 2)[:, 1]
-        assert isinstance(y._tpu_storage.array, deferred_mode.Lazy)
+        assert isinstance(y._tpu_storage.array, lazy.Lazy)
         assert y.tolist() == [2.0, 8.0]                        # .cpu() flushes
         z = (x > 2).nonzero()                                  # data-dependent shape flushes
         assert z.shape == (3, 2)
@@ -32,7 +32,7 @@ def test_errors_still_raise_in_deferred_mode():
 
 
 def test_size_limit_flushes(monkeypatch):
-    monkeypatch.setattr(deferred_mode, "MAX_NODES", 8)
+    monkeypatch.setattr(lazy, "MAX_NODES", 8)
     before = deferred_mode.stats()["flushes"]
     with tpu_kernels.deferred():
         x = torch.ones(3, device="tpu")

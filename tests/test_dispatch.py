@@ -6,7 +6,6 @@ import warnings
 import pytest
 import torch
 
-import tpu_kernels
 from tpu_kernels import dispatch, registry
 from tpu_kernels.registry import tpu_kernel, unregister
 

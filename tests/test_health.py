@@ -58,7 +58,7 @@ def test_10000_training_ops_leave_memory_and_live_arrays_flat():
 
 def test_executable_cache_is_bounded_with_observable_hit_rate(monkeypatch):
     small = LRU(maxsize=8)
-    monkeypatch.setattr(dispatch, "_CACHE", small)
+    monkeypatch.setattr(dispatch.cache, "CALLS", small)
     for rep in range(3):
         for n in range(1, 13):       # 12 shapes x (add, mul): more signatures than fit
             a = torch.arange(float(n)).to("tpu")
@@ -81,7 +81,7 @@ def test_executable_cache_is_bounded_with_observable_hit_rate(monkeypatch):
 
 def test_view_cache_is_bounded(monkeypatch):
     small = LRU(maxsize=4)
-    monkeypatch.setattr(dispatch, "_VIEW_CACHE", small)
+    monkeypatch.setattr(dispatch.cache, "VIEWS", small)
     x = torch.arange(24.0).to("tpu")
     for n in (1, 2, 3, 4, 6, 8, 12, 24):
         assert x.view(n, -1).cpu().shape == (n, 24 // n)

@@ -7,6 +7,12 @@
 
 Every ATen op on a tpu tensor is looked up in one registry (``tpu_kernels.registry``)
 and runs as a Pallas kernel, a Helion kernel, or an XLA lowering.
+
+The runtime is built in layers, each importing only those before it (docs/design.md):
+storage (``lazy``, ``strided``, ``storage``) -> tensor (``tensor``, ``shadow``,
+``printing``) -> ``dispatch`` (route, build, cache, run) -> ``runtime_ops`` (the
+runtime's own handlers) -> modes (``deferred_mode``, ``compile_backend``,
+``graph_program``) -> tools (``coverage``, ``testing``, ``bench``, the CLI).
 """
 from __future__ import annotations
 
@@ -14,19 +20,18 @@ from tpu_kernels import device as _device
 
 _device.setup()  # before anything names torch.device("tpu")
 
-from tpu_kernels import inplace_meta as _inplace_meta  # noqa: E402
 from tpu_kernels import registry  # noqa: E402
-
-_inplace_meta.install()
-
+from tpu_kernels import dispatch as _dispatch  # noqa: E402,F401  (installs the dispatch hook)
+from tpu_kernels import runtime_ops as _runtime_ops  # noqa: E402,F401  (registers the runtime's handlers)
 from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
+from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (flex_attention HOPs on tpu)
+from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
+from tpu_kernels.registry import tpu_kernel  # noqa: E402
+from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
 _compile_backend.register()
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()   # c10d backend "tpu" (names only; loads when a group is made)
-from tpu_kernels.registry import tpu_kernel  # noqa: E402
-from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
-from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
 __all__ = ["tpu_kernel", "registry", "TpuTensor", "deferred", "flush"]

@@ -1,7 +1,7 @@
 """``torch.compile(model, backend="tpu")``: Dynamo + AOTAutograd graphs as XLA programs.
 
 Dynamo captures the Python code into an FX graph (tpu tensors are a traceable wrapper
-subclass: see ``traced.py``); AOTAutograd functionalizes it (in-place updates and buffer
+subclass: see ``shadow.py``); AOTAutograd functionalizes it (in-place updates and buffer
 mutations become outputs it writes back) and, for training, splits it into a forward and
 a backward graph. Each graph becomes one ``GraphProgram``: one ``jax.jit`` whose nodes
 run through the registry, so forward and backward are one XLA executable each. Graph

@@ -5,195 +5,28 @@
     print(loss.item())                    # a value is needed: the recording runs now
 
 Inside the mode an op on tpu tensors does not run: the dispatcher records its jitted
-function and hands back ``Lazy`` placeholders with the result's shape and dtype. A
-recording runs (is "flushed") when a value is needed (``.item()``, ``.cpu()``, printing,
-an op whose result shape depends on data, the CPU fallback), when it reaches
-``MAX_NODES`` ops, at ``flush()``, and when the context exits. A flush replays the
-recorded functions inside one ``jax.jit`` so XLA fuses across ops; programs are cached by
-their structure (which functions, wired how, on which shapes), so a training loop
-compiles once. Semantics stay eager's: the same impls run in the same order.
+function (``lazy.record``) and hands back placeholders with the result's shape and
+dtype. A recording runs when a value is needed (``.item()``, ``.cpu()``, printing, an op
+whose result shape depends on data, the CPU fallback), when it reaches
+``lazy.MAX_NODES`` ops, at ``flush()``, and when the block exits. Semantics stay
+eager's: the same impls run in the same order.
 """
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
-import weakref
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
-import jax
-import numpy as np
+from tpu_kernels.lazy import flush, start_recording, stats, stop_recording
 
-from tpu_kernels.lru import LRU
-
-MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
-
-
-class Lazy:
-    """A value a recorded op will produce: its shape and dtype, and (after the flush) it."""
-    __slots__ = ("aval", "value", "program", "slot", "__weakref__")
-
-    def __init__(self, aval: jax.ShapeDtypeStruct, program: "Program", slot: tuple) -> None:
-        self.aval, self.value, self.program, self.slot = aval, None, program, slot
-
-    shape = property(lambda self: self.aval.shape)
-    dtype = property(lambda self: self.aval.dtype)
-    ndim = property(lambda self: len(self.aval.shape))
-
-    @property
-    def size(self) -> int:
-        n = 1
-        for d in self.aval.shape:
-            n *= d
-        return n
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(force(self), dtype=dtype)
-
-
-class Program:
-    """One recording: nodes (function, argument references, output structure)."""
-
-    def __init__(self) -> None:
-        self.nodes: list[tuple[Callable, tuple, Any]] = []
-        self.inputs: list[Any] = []
-        self._input_ids: dict[int, int] = {}
-        self.lazies: list[weakref.ref] = []
-
-    def ref(self, v: Any) -> tuple:
-        if type(v) is Lazy and v.value is None and v.program is self:
-            return ("node",) + v.slot
-        if type(v) is Lazy:
-            v = force(v)
-        key = id(v)
-        if key not in self._input_ids or not isinstance(v, (jax.Array, np.ndarray)):
-            self._input_ids[key] = len(self.inputs)
-            self.inputs.append(v)
-        return ("in", self._input_ids[key])
-
-
-_AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
-_PROGRAMS = LRU(int(os.environ.get("TPU_KERNELS_DEFERRED_CACHE_SIZE", "256")))
-_lock = threading.RLock()
-
-
-class _State:
-    def __init__(self) -> None:
-        self.depth = 1 if os.environ.get("TPU_KERNELS_DEFERRED", "") not in ("", "0") else 0
-        self.program: Program | None = None
-        self.flushes = 0
-        self.compiles = 0
-
-
-_STATE = _State()
-
-
-def recording() -> bool:
-    return _STATE.depth > 0
+__all__ = ["deferred", "flush", "stats"]
 
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Within the block, tpu ops are recorded and run fused (see module docstring)."""
-    _STATE.depth += 1
+    start_recording()
     try:
         yield
     finally:
-        _STATE.depth -= 1
+        stop_recording()
         flush()
-
-
-def _aval(v: Any) -> Any:
-    if type(v) is Lazy:
-        return v.aval
-    if isinstance(v, (jax.Array, np.ndarray)):
-        return jax.ShapeDtypeStruct(v.shape, v.dtype)
-    return v  # Python scalars: traced weakly typed, keyed by value type below
-
-
-def _aval_key(v: Any) -> Any:
-    if type(v) is Lazy:
-        return v.aval.shape, v.aval.dtype
-    if isinstance(v, (jax.Array, np.ndarray)):
-        return v.shape, v.dtype
-    return type(v)
-
-
-def call(fn: Callable, *args: Any) -> Any:
-    """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders."""
-    with _lock:
-        prog = _STATE.program
-        if prog is None:
-            prog = _STATE.program = Program()
-        key = (fn, tuple(_aval_key(a) for a in args))
-        hit = _AVALS.get(key)
-        if hit is None:
-            out = jax.eval_shape(fn, *(_aval(a) for a in args))
-            hit = _AVALS[key] = jax.tree.flatten(out)
-        leaves, treedef = hit
-        refs = tuple(prog.ref(a) for a in args)
-        node = len(prog.nodes)
-        prog.nodes.append((fn, refs, treedef))
-        outs = []
-        for j, aval in enumerate(leaves):
-            lazy = Lazy(aval, prog, (node, j))
-            prog.lazies.append(weakref.ref(lazy))
-            outs.append(lazy)
-        full = len(prog.nodes) >= MAX_NODES
-    result = jax.tree.unflatten(treedef, outs)
-    if full:
-        flush()
-    return result
-
-
-def apply(fn: Callable, *args: Any) -> Any:
-    """``fn(*args)``: recorded when the mode is on (so a view read of a parameter fuses
-    into the program that uses it), else run now."""
-    if recording():
-        return call(fn, *args)
-    return fn(*(force(a) if type(a) is Lazy else a for a in args))
-
-
-def force(v: Any) -> Any:
-    """The concrete value of ``v`` (running its recording if it has not run yet)."""
-    if type(v) is not Lazy:
-        return v
-    if v.value is None:
-        flush()
-    return v.value
-
-
-def flush() -> None:
-    """Run the current recording as one jitted program and fill its live placeholders."""
-    with _lock:
-        prog, _STATE.program = _STATE.program, None
-    if prog is None or not prog.nodes:
-        return
-    live = [lz for lz in (r() for r in prog.lazies) if lz is not None]
-    wanted = tuple(lz.slot for lz in live)
-    key = (tuple((fn, refs) for fn, refs, _ in prog.nodes), wanted,
-           tuple(_aval_key(v) for v in prog.inputs))
-    run = _PROGRAMS.get(key)
-    if run is None:
-        run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
-        _STATE.compiles += 1
-    values = run(*prog.inputs)
-    for lz, val in zip(live, values):
-        lz.value = val
-    _STATE.flushes += 1
-
-
-def _replay(nodes: list, wanted: tuple) -> Callable:
-    def program(*inputs):
-        env: dict[tuple, Any] = {}
-        for i, (fn, refs, _) in enumerate(nodes):
-            args = [inputs[r[1]] if r[0] == "in" else env[(r[1], r[2])] for r in refs]
-            for j, leaf in enumerate(jax.tree.leaves(fn(*args))):
-                env[(i, j)] = leaf
-        return [env[s] for s in wanted]
-    return program
-
-
-def stats() -> dict[str, int]:
-    """Flushes run and programs compiled since start (a loop should compile once)."""
-    return {"flushes": _STATE.flushes, "compiles": _STATE.compiles, "cached": _PROGRAMS.info().size}

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from tpu_kernels import dispatch
+from tpu_kernels import compile_backend, dispatch
 from tpu_kernels.models import GPT, GPTConfig, train_step
 
 
@@ -45,7 +45,6 @@ def main(steps: int = 10, out=print) -> float:
 def compiled(init: GPT, tokens: torch.Tensor, cpu_losses: list[float], out=print) -> float:
     """The same training under torch.compile(backend="tpu"): loss (forward and backward)
     and optimizer step compiled; returns the largest loss difference from CPU."""
-    from tpu_kernels import compile_backend
     model = copy.deepcopy(init).to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loss_fn = torch.compile(model.loss, backend="tpu")

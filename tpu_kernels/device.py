@@ -1,9 +1,9 @@
-"""The ``tpu`` device: PrivateUse1 renamed, a backend module at ``torch.tpu``, factories.
+"""The ``tpu`` device: PrivateUse1 renamed, and a backend module at ``torch.tpu``.
 
 After ``setup()``, ``torch.device("tpu")``, ``t.to("tpu")``, ``model.to("tpu")`` and
-``torch.zeros(3, device="tpu")`` work as on any device. Factory ops (no tensor inputs)
-reach the registry through PrivateUse1 kernels; every other op reaches the tpu tensor's
-``__torch_dispatch__``.
+``torch.zeros(3, device="tpu")`` work as on any device. This runs before any other part
+of the runtime is imported (the tensor layer names ``torch.device("tpu")``); the
+factories' PrivateUse1 kernels are the dispatcher's (``dispatch/factories.py``).
 """
 from __future__ import annotations
 
@@ -16,25 +16,7 @@ import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import random_state
-from tpu_kernels.registry import REGISTRY
-
-# Factory overloads routed to the registry for device="tpu" (others compose from these).
-FACTORIES = (
-    "empty.memory_format", "empty_strided", "zeros", "ones", "full", "arange",
-    "arange.start", "arange.start_step", "scalar_tensor", "empty_permuted", "eye",
-    "eye.m", "linspace", "logspace", "rand", "randn", "randint", "randint.low",
-    "randperm", "tril_indices", "triu_indices", "normal.float_float", "rand.generator",
-    "randn.generator", "randint.generator", "randint.low_generator", "randperm.generator",
-)
-
-
-def synchronize(device=None) -> None:
-    """Wait for every queued computation on the device (and raise deferred device errors)."""
-    for a in jax.live_arrays():
-        a.block_until_ready()
-    from tpu_kernels import errors
-    errors.raise_pending()
+from tpu_kernels import random_state, streams
 
 
 def _backend_module() -> types.ModuleType:
@@ -45,7 +27,7 @@ def _backend_module() -> types.ModuleType:
     m.device_count = lambda: 1
     m.current_device = lambda: 0
     m.set_device = lambda device: None
-    m.synchronize = synchronize
+    m.synchronize = streams.synchronize
     m.manual_seed = random_state.manual_seed
     m.manual_seed_all = random_state.manual_seed
     m.seed = lambda: random_state.manual_seed(torch.initial_seed())
@@ -56,7 +38,6 @@ def _backend_module() -> types.ModuleType:
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     m.is_bf16_supported = lambda including_emulation=True: True
     m.jax_device = lambda: jax.local_devices()[0]   # this process's, under jax.distributed
-    from tpu_kernels import streams
     for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
         setattr(m, name, getattr(streams, name))
     return m
@@ -73,12 +54,6 @@ def _persistent_compile_cache() -> None:
         return
     jax.config.update("jax_compilation_cache_dir", where)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
-def _copy_from(self, dst, non_blocking=False):
-    """CPU -> tpu copies that torch routes through ``_copy_from`` (e.g. list indices)."""
-    from tpu_kernels import dispatch  # not dst.copy_: torch would route it back here
-    return dispatch.copy_into(dst, self)
 
 
 def _keep_ties_when_moving_modules() -> None:
@@ -108,11 +83,6 @@ def _keep_ties_when_moving_modules() -> None:
     torch.nn.Module.tpu.__doc__ = tpu.__doc__
 
 
-def _factory_kernel(op, *args, **kwargs):
-    from tpu_kernels import dispatch
-    return dispatch.run(op, args, kwargs)
-
-
 _done = False
 
 
@@ -125,14 +95,4 @@ def setup() -> None:
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
     _persistent_compile_cache()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
-    lib = torch.library.Library("aten", "IMPL")
-    setup.lib = lib  # keep the registrations alive
-    for name in FACTORIES:
-        base, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, base), overload or "default")
-        if REGISTRY.has(op):
-            lib.impl(name, functools.partial(_factory_kernel, op), "PrivateUse1")
-    lib.impl("_copy_from", _copy_from, "PrivateUse1")
     _keep_ties_when_moving_modules()
-    from tpu_kernels import patterns
-    patterns.install()

@@ -15,8 +15,11 @@ import threading
 from typing import Any
 
 import numpy as np
-
 import torch
+
+from tpu_kernels.registry.context import INDEX_CHECKS, Switch, index_checks
+
+__all__ = ["DeferredError", "INDEX_CHECKS", "SYNC_CHECKS", "index_checks", "set_sync_checks", "raise_pending"]
 
 _lock = threading.Lock()
 _pending: list[BaseException] = []
@@ -34,7 +37,7 @@ def defer(exc: BaseException, where: str) -> None:
 
 
 def pending() -> bool:
-    return bool(_pending) or (SYNC_CHECKS and bool(_watched))
+    return bool(_pending) or (SYNC_CHECKS.on and bool(_watched))
 
 
 def raise_pending() -> None:
@@ -51,57 +54,29 @@ def raise_pending() -> None:
 
 # -- device-side checks: flags computed with an op's result, read at the next sync ---------
 # TPU_KERNELS_SYNC_CHECKS=1: read each op's flags at once (a host sync per checked op).
-SYNC_CHECKS = os.environ.get("TPU_KERNELS_SYNC_CHECKS", "") not in ("", "0")
-# TPU_KERNELS_INDEX_CHECKS=0: lowerings compute no check flags at all (XLA then clamps or
-# drops bad indices silently). Read when an op is traced; part of the dispatch cache key.
-INDEX_CHECKS = os.environ.get("TPU_KERNELS_INDEX_CHECKS", "1") not in ("", "0")
+SYNC_CHECKS = Switch(os.environ.get("TPU_KERNELS_SYNC_CHECKS", "") not in ("", "0"))
 
 
-class _Switch:
-    """Sets a module flag at once; used as a context manager, restores it on exit."""
-
-    def __init__(self, name: str, value: bool) -> None:
-        self._name, self._old = name, globals()[name]
-        globals()[name] = bool(value)
-
-    def __enter__(self) -> "_Switch":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        globals()[self._name] = self._old
-
-
-def set_sync_checks(on: bool = True) -> _Switch:
+def set_sync_checks(on: bool = True) -> Any:
     """Raise device-side check failures at the op that fails (``TPU_KERNELS_SYNC_CHECKS``).
 
     ``errors.set_sync_checks(True)`` switches for good; ``with errors.set_sync_checks(True):``
     switches for the block. Flags still unread when it is switched on raise at the next op.
+    (``index_checks(on)``, from the registry's lowering context, works the same way.)
     """
-    return _Switch("SYNC_CHECKS", on)
+    return SYNC_CHECKS.set(on)
 
 
-def index_checks(on: bool = True) -> _Switch:
-    """Compute device-side checks (index ranges, integer division by zero, probabilities)
-    or not (``TPU_KERNELS_INDEX_CHECKS``); toggling retraces ops, it never reuses stale code.
-    Works like ``set_sync_checks``: a plain call or a ``with`` block."""
-    return _Switch("INDEX_CHECKS", on)
 MAX_WATCHED = 256   # past this many unread flags, the oldest are read (they are done by then)
 _watched: list[tuple[Any, str, list]] = []
 
 
-_local = threading.local()   # .sink: while a compiled graph is traced, where flags go
-
-
 def watch(flags: Any, op: str, checks: list) -> None:
     """Remember an op's check flags (a jax bool vector, one per check in ``checks``)."""
-    sink = getattr(_local, "sink", None)
-    if sink is not None:    # traced: the flags become outputs of the compiled graph
-        sink.append((flags, op, checks))
-        return
     with _lock:
         _watched.append((flags, op, checks))
         overflow = len(_watched) > MAX_WATCHED
-    if SYNC_CHECKS:
+    if SYNC_CHECKS.on:
         raise_pending()
     elif overflow:
         _check_watched(keep=MAX_WATCHED // 2)

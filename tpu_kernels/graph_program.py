@@ -13,18 +13,18 @@ are watched like eager's.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tpu_kernels import dispatch, errors, random_state, traced
-from tpu_kernels.deferred_mode import force
-from tpu_kernels.tensor import LAYOUTS, Storage, TpuTensor, to_jax, to_torch, wrap
+from tpu_kernels import dispatch, errors, random_state, shadow
+from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
+from tpu_kernels.lazy import concrete
+from tpu_kernels.storage import Storage, to_jax, to_torch
+from tpu_kernels.tensor import TpuTensor, wrap
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class GraphProgram:
         tensors = [a for a, t in zip(args, self.is_tensor) if t]
         # CPU tensor inputs (0-dim scalars, step counters) ride along as host arrays
         cpu = {i: a for i, a in enumerate(tensors) if a.device.type == "cpu"}
-        owners = [_host(a) if i in cpu else traced.owner_of(a) for i, a in enumerate(tensors)]
+        owners = [_host(a) if i in cpu else owner_of(a) for i, a in enumerate(tensors)]
         if self.eager:
             it = iter(owners)
             with torch.no_grad():
@@ -83,9 +83,18 @@ class GraphProgram:
         self.calls += 1
         return [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
 
+    def lower(self, args: Sequence[Any], key: Any, arrays: Sequence[Any]) -> jax.stages.Lowered:
+        """Lower, not run, the program for a call with ``args`` (their tensors' geometry
+        and the graph's other arguments) over storages ``arrays`` and a random ``key``
+        (abstract values, e.g. placed on a TPU chip: ``tpu_kernels.aot`` compiles models
+        this way)."""
+        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+                   tuple(_geometry(a) for a, t in zip(args, self.is_tensor) if t))
+        return self._jitted.lower(statics, key, *arrays)
+
     def _run_jitted(self, args: tuple, owners: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
-        tensors = [force(o._tpu_storage.array) for o in owners]
+        tensors = [concrete(o._tpu_storage.array) for o in owners]
         statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(_geometry(o) for o in owners))
         taken = self.n_random
@@ -139,19 +148,12 @@ class GraphProgram:
         return storages, [f for f, _, _ in flags]
 
     def _run_graph(self, args: list, key: jax.Array) -> tuple[Any, list]:
-        counter = itertools.count()
-        random_state._local.source = lambda: key + jnp.array([0, 0, next(counter)], jnp.uint32)
-        errors._local.sink = flags = []
-        LAYOUTS.torch_strides = True
-        try:
-            with torch.no_grad():
-                result = self.gm(*args)
-        finally:
-            random_state._local.source = None
-            errors._local.sink = None
-            LAYOUTS.torch_strides = False
-        self.n_random = max(self.n_random, next(counter))
-        return result, flags
+        """The graph's nodes dispatched inside this trace: random ops take keys from
+        ``key``, check flags become outputs, results take torch's strides."""
+        with tracing(GraphTrace(key)) as trace, torch.no_grad():
+            result = self.gm(*args)
+        self.n_random = max(self.n_random, trace.random_ops)
+        return result, trace.checks
 
 
 def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[list, tuple]:
@@ -177,6 +179,18 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
         k = next((k for k, s in enumerate(inputs) if s is st), None)
         layout.append(("input", k, geometry) if k is not None else ("new", slot(st), geometry))
     return storages, (written, layout)
+
+
+def owner_of(x: torch.Tensor) -> TpuTensor:
+    """The tpu tensor behind a compiled graph's tensor argument (a shadow or itself)."""
+    if isinstance(x, TpuTensor):
+        return x
+    owner = shadow.owner(x)
+    if owner is None:
+        raise RuntimeError(
+            f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
+            f"{x.dtype}, device {x.device}): only tpu tensors can be its inputs")
+    return owner
 
 
 def _host(t: torch.Tensor) -> TpuTensor:

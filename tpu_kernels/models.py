@@ -6,12 +6,15 @@ pooling / linear. Both are plain ``torch.nn`` modules: nothing here knows about 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tpu_kernels import deferred_mode
 
 
 @dataclasses.dataclass
@@ -131,14 +134,11 @@ def train(model: nn.Module, batch: tuple, steps: int, *, lr: float = 3e-3,
     """``steps`` AdamW steps on one batch; the losses. ``deferred`` runs each step recorded
     and fused (``tpu_kernels.deferred()``); ``compiled`` runs the loss and its backward
     through ``torch.compile(backend="tpu")``."""
-    import contextlib
-
-    import tpu_kernels
     opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
     loss_fn = torch.compile(model.loss, backend="tpu") if compiled else None
     losses = []
     for _ in range(steps):
-        with tpu_kernels.deferred() if deferred else contextlib.nullcontext():
+        with deferred_mode.deferred() if deferred else contextlib.nullcontext():
             loss = train_step(model, opt, batch, loss_fn)
         losses.append(loss.item())
     return losses

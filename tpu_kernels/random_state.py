@@ -13,7 +13,6 @@ import numpy as np
 _lock = threading.Lock()
 _seed = 0
 _counter = 0
-_local = threading.local()   # .source: while a compiled graph is traced, where keys come from
 
 
 def manual_seed(seed: int) -> None:
@@ -37,16 +36,9 @@ def set_state(state: tuple[int, int]) -> None:
         _seed, _counter = int(state[0]), int(state[1])
 
 
-def next_key_data() -> np.ndarray:
-    """(seed low, seed high, counter) as uint32: the dynamic input of one random op."""
-    source = getattr(_local, "source", None)
-    if source is not None:
-        return source()
-    return reserve(1)
-
-
 def reserve(n: int) -> np.ndarray:
-    """Take ``n`` counters at once: key data for the first; the others follow it."""
+    """Take ``n`` counters at once: (seed low, seed high, counter) as uint32, the key data
+    of the first (the dynamic input of one random op); the others follow it."""
     global _counter
     with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         c, seed = _counter + 1, _seed

@@ -10,10 +10,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+import jax
 
-def _synchronize() -> None:
-    from tpu_kernels.device import synchronize
-    synchronize()
+from tpu_kernels import errors
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for every queued computation on the device (and raise deferred device errors)."""
+    for a in jax.live_arrays():
+        a.block_until_ready()
+    errors.raise_pending()
 
 
 class Stream:
@@ -36,7 +42,7 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        _synchronize()
+        synchronize()
 
 
 class Event:
@@ -56,7 +62,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        _synchronize()
+        synchronize()
 
 
 _DEFAULT = Stream()

@@ -1,45 +1,42 @@
-"""The tpu tensor: a torch wrapper subclass over a shared storage holding a jax.Array.
+"""The tpu tensor: a torch wrapper subclass over a shared ``Storage`` holding a jax.Array.
 
-Like torch, a tensor is (storage, sizes, strides, storage offset). Views share the
-storage; an in-place op writes into it and bumps its version, so every view sees the
-change. Values are read through ``strided.reader`` and cached per storage version.
+Views share the storage; an in-place op writes into it and bumps its version, so every
+view sees the change. ``read`` caches a view's value per storage version. Every ATen op
+on a tpu tensor reaches ``__torch_dispatch__``, which calls the hook the dispatcher
+installs (``install_dispatch``): this layer knows nothing of routing.
 """
 from __future__ import annotations
 
-import functools
-import math
-import threading
+from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
+from torch.utils._python_dispatch import return_and_correct_aliasing
+from torch.utils._pytree import tree_map
 
-from tpu_kernels import errors, strided, traced
-from tpu_kernels.deferred_mode import Lazy, apply, force, recording
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels import errors, printing, shadow, strided
+from tpu_kernels.lazy import Lazy, concrete, recording
+from tpu_kernels.registry.dtypes import to_torch_dtype
+from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
 DEVICE = torch.device("tpu", 0)
 
+_dispatch: Callable[[Any, tuple, dict], Any] | None = None
+_on_worker_error: Callable[[Any, tuple, dict, Exception], Any] | None = None
 
-class Storage:
-    """A mutable box for one jax array; views of one base share it."""
-    __slots__ = ("array", "version", "shadow", "__weakref__")
 
-    def __init__(self, array: jax.Array) -> None:
-        self.array = array
-        self.version = 0
-        self.shadow = None   # a memory-less torch storage standing for it under torch.compile
-
-    @property
-    def numel(self) -> int:
-        return self.array.size
+def install_dispatch(run: Callable[[Any, tuple, dict], Any],
+                     on_worker_error: Callable[[Any, tuple, dict, Exception], Any]) -> None:
+    """The dispatcher's entry (``run(op, args, kwargs)``) and what to do with an error on
+    torch's autograd worker thread, where raising would abort the process (see errors.py)."""
+    global _dispatch, _on_worker_error
+    _dispatch, _on_worker_error = run, on_worker_error
 
 
 class TpuTensor(torch.Tensor):
     """A tensor on the ``tpu`` device. Use ``t.jax()`` for its value as a jax.Array."""
-    _tpu_storage: Storage
-    _tpu_direct: bool          # the tensor is its storage's whole array, same shape
+    _tpu_storage: Storage | None     # None: a traced tensor (inside torch.compile)
+    _tpu_direct: bool                # the tensor is its storage's whole array, same shape
     _tpu_cache: tuple[int, jax.Array] | None
 
     @staticmethod
@@ -47,7 +44,7 @@ class TpuTensor(torch.Tensor):
                 dtype: torch.dtype | None = None, requires_grad: bool = False):
         size = tuple(size)
         stride = strided.contiguous_strides(size) if stride is None else tuple(stride)
-        dtype = dtype if dtype is not None else _torch_dtype_of(storage.array)
+        dtype = dtype if dtype is not None else to_torch_dtype(storage.array.dtype)
         # never an empty torch storage for an empty tensor: torch.compile would resize it
         extra = {"storage_size": 1} if 0 in size else {}
         r = torch.Tensor._make_wrapper_subclass(
@@ -59,32 +56,60 @@ class TpuTensor(torch.Tensor):
         r._tpu_cache = None
         return r
 
+    @classmethod
+    def _traced(cls, inner: torch.Tensor, size=None, stride=None) -> "TpuTensor":
+        """A traced tpu tensor: the wrapper around a fake shadow, with no jax storage."""
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape if size is None else size,
+            strides=inner.stride() if stride is None else stride,
+            storage_offset=inner.storage_offset(), dtype=inner.dtype, device=inner.device,
+            requires_grad=inner.requires_grad)
+        r._tpu_storage = None
+        r._tpu_inner = inner
+        r._tpu_direct = False
+        r._tpu_cache = None
+        return r
+
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # inside torch.compile's tracing (the scan is skipped on eager's hot path)
-        if torch.compiler.is_compiling() and traced.is_traced(args, kwargs, cls):
-            return traced.run(cls, func, args, kwargs)
+        if torch.compiler.is_compiling() and _is_traced(args, kwargs):
+            return _run_on_shadows(func, args, kwargs)
         try:
-            return dispatch.entry(func, args, kwargs)
+            return _dispatch(func, args, kwargs)
         except Exception as exc:
             if not errors.on_worker_thread():
                 raise
-            return dispatch.defer_error(func, args, kwargs, exc)
+            return _on_worker_error(func, args, kwargs, exc)
 
-    # torch.compile takes tpu tensors apart into one memory-less shadow (see traced.py)
+    # torch.compile takes tpu tensors apart into one memory-less shadow (see shadow.py)
     def __tensor_flatten__(self):
         return ["_tpu_shadow"], None
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return traced.unflatten(TpuTensor, inner["_tpu_shadow"], outer_size, outer_stride)
+        inner = inner["_tpu_shadow"]
+        if isinstance(inner, TpuTensor):          # a compiled graph returned the real tensor
+            return inner
+        real = shadow.owner(inner)
+        return real if real is not None else TpuTensor._traced(inner, outer_size, outer_stride)
 
     @property
     def _tpu_shadow(self) -> torch.Tensor:
-        return traced.shadow(self)
+        """Kept while the geometry holds: Dynamo tells inputs apart by object identity."""
+        st = self._tpu_storage
+        if st is None:
+            return self._tpu_inner
+        key = (id(st), st.numel, self.dtype, tuple(self.shape), self.stride(), self.storage_offset())
+        cached = self.__dict__.get("_tpu_shadow_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        s = shadow.make_shadow(self, st)
+        self._tpu_shadow_cache = (key, s)
+        return s
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -103,8 +128,9 @@ class TpuTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         if self._tpu_storage is None:   # traced by torch.compile: no values yet
             return f"TpuTensor(traced, shape={tuple(self.shape)}, dtype={self.dtype})"
-        from tpu_kernels.printing import tensor_repr
-        return tensor_repr(self)
+        errors.raise_pending()
+        with torch._C.DisableTorchFunctionSubclass():
+            return printing.tensor_repr(self, to_torch(read(self), self.dtype))
 
     __str__ = __repr__
 
@@ -117,9 +143,36 @@ def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def _torch_dtype_of(array) -> torch.dtype:
-    from tpu_kernels.registry.dtypes import to_torch_dtype
-    return to_torch_dtype(array.dtype)
+def _is_traced(args: tuple, kwargs: dict) -> bool:
+    """True when the op's first tpu tensor is a traced one (we are inside a compiler)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            a = next((x for x in a if isinstance(x, TpuTensor)), None)
+        if isinstance(a, TpuTensor):
+            return a._tpu_storage is None
+    return False
+
+
+def _run_on_shadows(func, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on the shadows of traced tpu tensors; wrap its tpu results again."""
+    def unwrap(a):
+        if not isinstance(a, TpuTensor):
+            return a
+        if a._tpu_storage is None:
+            return a._tpu_inner
+        raise RuntimeError(
+            f"{func}: a tpu tensor that is not an input of the compiled function (shape "
+            f"{tuple(a.shape)}, {a.dtype}) was used inside torch.compile(backend='tpu'); "
+            f"pass it as an argument or make it a module buffer or parameter")
+
+    out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+    def rewrap(o):
+        if isinstance(o, torch.Tensor) and not isinstance(o, TpuTensor) and o.device.type == "tpu":
+            return TpuTensor._traced(o)
+        return o
+
+    return return_and_correct_aliasing(func, args, kwargs, tree_map(rewrap, out))
 
 
 def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
@@ -127,135 +180,43 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
 
 
-class _Layouts(threading.local):
-    torch_strides = False   # True while a compiled graph is traced (graph_program)
-
-
-LAYOUTS = _Layouts()
-
-
-def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
-    """An op's result, with the strides torch's meta function gave: a compiled graph's later
-    views (recorded by AOTAutograd against those strides) and DTensor (which keeps the
-    meta's strides as the global tensor's and views local tensors by them) must cut the
-    same elements. Nearly every result is contiguous; attention outputs and their
-    gradients are not (they follow the query's layout, as torch's kernels do)."""
-    stride = meta.stride()
-    if stride == strided.contiguous_strides(tuple(array.shape)):
-        return wrap(array, meta.dtype)
-    order = strided.memory_order(tuple(array.shape), stride)
-    if order is None:   # not a dense layout (torch's meta functions rarely say so)
-        return wrap(array, meta.dtype)
-    flat = apply(_permuter(order), array)
-    return TpuTensor(Storage(flat), array.shape, stride, 0, meta.dtype)
-
-
 def read(t: TpuTensor) -> jax.Array:
-    """The value of ``t``: its storage's array, or the view cut out of it. In deferred
-    mode this may be a ``deferred.Lazy`` placeholder; ``value(t)`` is always concrete."""
+    """The value of ``t``: its storage's array, or the view cut out of it. While deferred
+    mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""
     st = t._tpu_storage
     if t._tpu_direct:
         return _settle(st.array)
     cache = t._tpu_cache
     if cache is not None and cache[0] == st.version:
         return _settle(cache[1])
-    size = tuple(t.shape)
-    stride, offset = tuple(t.stride()), t.storage_offset()
-    if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
-        v = apply(_reshaper(size), st.array)
-    else:
-        v = apply(strided.reader(st.numel, size, stride, offset), st.array)
-    want = to_jax_dtype(t.dtype)
-    if v.dtype != want:  # a view(dtype) of equal item size reads the storage's bits
-        v = apply(_bitcaster(np.dtype(want)), v)
+    v = read_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
     t._tpu_cache = (st.version, v)
     return _settle(v)
 
 
 def value(t: TpuTensor) -> jax.Array:
     """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
-    return force(read(t))
+    return concrete(read(t))
 
 
 def _settle(v):
     """Outside deferred recording, a placeholder becomes its value."""
-    return v if recording() or type(v) is not Lazy else force(v)
+    return v if recording() or type(v) is not Lazy else concrete(v)
 
 
 def write(t: TpuTensor, new: jax.Array) -> None:
     """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
-    st = t._tpu_storage
-    size = tuple(t.shape)
-    store_dtype = np.dtype(st.array.dtype)
-    if np.dtype(new.dtype) != store_dtype:
-        same_bits = np.dtype(new.dtype) == to_jax_dtype(t.dtype) and \
-            store_dtype.itemsize == np.dtype(new.dtype).itemsize
-        new = apply(_bitcaster(store_dtype) if same_bits else _caster(store_dtype), new)
-    if tuple(new.shape) != size:
-        new = apply(_broadcaster(size), new)
-    if t._tpu_direct:
-        st.array = new
-    else:
-        stride, offset = tuple(t.stride()), t.storage_offset()
-        if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
-            st.array = apply(_reshaper(tuple(st.array.shape)), new)
-        else:
-            st.array = apply(strided.writer(tuple(st.array.shape), size, stride, offset), st.array, new)
-    st.version += 1
+    write_view(t._tpu_storage, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype,
+               t._tpu_direct, new)
     t._tpu_cache = None
 
 
-# Small jitted reshapes and casts, one stable function per shape or dtype, so deferred
-# programs made of them are cached by identity.
-@functools.lru_cache(maxsize=1024)
-def _reshaper(shape: tuple[int, ...]):
-    return jax.jit(lambda a: a.reshape(shape))
-
-
-@functools.lru_cache(maxsize=1024)
-def _permuter(order: tuple[int, ...]):
-    return jax.jit(lambda a: jnp.transpose(a, order).reshape(-1))
-
-
-@functools.lru_cache(maxsize=1024)
-def _broadcaster(shape: tuple[int, ...]):
-    return jax.jit(lambda a: jnp.broadcast_to(a, shape))
-
-
-@functools.lru_cache(maxsize=64)
-def _caster(dtype):
-    return jax.jit(lambda a: a.astype(dtype))
-
-
-@functools.lru_cache(maxsize=64)
-def _bitcaster(dtype):
-    return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, dtype))
-
-
-# -- host transfers ------------------------------------------------------------------
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """Copy a CPU torch tensor into a new jax array on JAX's default device."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    # a private copy: .numpy() would pin the caller's storage (torch then refuses resize_)
-    t = t.clone(memory_format=torch.contiguous_format)
-    host = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
-    return jax.device_put(host)
-
-
-def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Copy a jax array into a new CPU torch tensor."""
-    host = np.array(force(a), copy=True)
-    if host.dtype == jnp.bfloat16:
-        out = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(host)
-    if dtype is not None and out.dtype != dtype:
-        out = out.view(dtype) if out.element_size() == torch.empty((), dtype=dtype).element_size() else out.to(dtype)
-    return out
-
-
-from tpu_kernels import dispatch  # noqa: E402  (dispatch needs the names above)
+def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
+    """Make ``t`` the view ``new`` is (its geometry and storage), in place: every
+    reference to ``t`` sees the change, as after torch's in-place metadata ops."""
+    with torch.no_grad():
+        t.data = new
+    t._tpu_storage = new._tpu_storage
+    t._tpu_direct = new._tpu_direct
+    t._tpu_cache = None
+    return t

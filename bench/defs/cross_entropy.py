@@ -27,7 +27,7 @@ def bytes_moved(c: Case) -> float:
 
 BENCHMARKS = [KernelBench(
     name="cross_entropy",
-    op="tpu_kernels.cross_entropy.default",
+    op="tpu_kernels::cross_entropy",
     make_args=make_args, flops=flops, bytes=bytes_moved,
     cases=(
         case(n=64, vocab=1000, quick=True),

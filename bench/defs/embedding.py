@@ -46,8 +46,8 @@ CASES = (
 )
 
 BENCHMARKS = [
-    KernelBench(name="embedding", op="aten.embedding.default", make_args=make_fwd_args,
+    KernelBench(name="embedding", op="aten::embedding", make_args=make_fwd_args,
                 flops=lambda c: 0.0, bytes=fwd_bytes, cases=CASES),
-    KernelBench(name="embedding_dense_backward", op="aten.embedding_dense_backward.default",
+    KernelBench(name="embedding_dense_backward", op="aten::embedding_dense_backward",
                 make_args=make_bwd_args, flops=bwd_flops, bytes=bwd_bytes, cases=CASES),
 ]

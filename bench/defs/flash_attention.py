@@ -46,7 +46,7 @@ def _c(b, hq, hkv, s, d, causal=1, mask=0, skv=None, dtype=torch.bfloat16, quick
 
 BENCHMARKS = [KernelBench(
     name="flash_attention",
-    op="aten._scaled_dot_product_flash_attention_for_cpu.default",
+    op="aten::_scaled_dot_product_flash_attention_for_cpu",
     make_args=make_args, flops=flops, bytes=bytes_moved,
     cases=(
         _c(1, 2, 2, 128, 64, dtype=torch.float32, quick=True),

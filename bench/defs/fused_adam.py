@@ -38,7 +38,7 @@ def bytes_moved(c: Case) -> float:
 
 BENCHMARKS = [KernelBench(
     name="fused_adamw",
-    op="aten._fused_adamw_.default",
+    op="aten::_fused_adamw_",
     make_args=make_args, flops=flops, bytes=bytes_moved,
     cases=(
         case(tensors=4, numel=1000, quick=True),

@@ -35,7 +35,7 @@ def bytes_moved(c: Case) -> float:
 BF16 = torch.bfloat16
 BENCHMARKS = [KernelBench(
     name="ragged_dot",
-    op="tpu_kernels.ragged_dot.default",
+    op="tpu_kernels::ragged_dot",
     make_args=make_args, flops=flops, bytes=bytes_moved,
     cases=(
         case(m=64, k=128, n=128, g=4, quick=True),

@@ -165,17 +165,17 @@ def _rope_bytes(c):
 
 
 BENCHMARKS: list[KernelBench] = [
-    KernelBench(name="helion_rms_norm", op="aten._fused_rms_norm.default",
+    KernelBench(name="helion_rms_norm", op="aten::_fused_rms_norm",
                 make_args=_rms_args, flops=_rms_flops, bytes=_rms_bytes, cases=_NORM_CASES),
-    KernelBench(name="helion_layer_norm", op="aten.native_layer_norm.default",
+    KernelBench(name="helion_layer_norm", op="aten::native_layer_norm",
                 make_args=_ln_args, flops=_ln_flops, bytes=_ln_bytes, cases=_NORM_CASES),
-    KernelBench(name="helion_softmax", op="aten._softmax.default",
+    KernelBench(name="helion_softmax", op="aten::_softmax",
                 make_args=_softmax_args, flops=_softmax_flops, bytes=_softmax_bytes,
                 cases=_SOFTMAX_CASES),
-    KernelBench(name="helion_log_softmax", op="aten._log_softmax.default",
+    KernelBench(name="helion_log_softmax", op="aten::_log_softmax",
                 make_args=_softmax_args, flops=_softmax_flops, bytes=_softmax_bytes,
                 cases=_SOFTMAX_CASES),
-    KernelBench(name="helion_swiglu", op="tpu_kernels.swiglu.default",
+    KernelBench(name="helion_swiglu", op="tpu_kernels::swiglu",
                 make_args=_swiglu_args, flops=_swiglu_flops, bytes=_swiglu_bytes,
                 cases=(
                     case(t=16, f=128, quick=True),
@@ -184,10 +184,10 @@ BENCHMARKS: list[KernelBench] = [
                     case(t=4096, f=14336, dtype=torch.bfloat16),
                     case(t=1024, f=4096),
                 )),
-    KernelBench(name="helion_var_mean", op="aten.var_mean.correction",
+    KernelBench(name="helion_var_mean", op="aten::var_mean.correction",
                 make_args=_var_mean_args, flops=_var_mean_flops, bytes=_var_mean_bytes,
                 cases=_NORM_CASES),
-    KernelBench(name="helion_cumsum", op="aten.cumsum.default",
+    KernelBench(name="helion_cumsum", op="aten::cumsum",
                 make_args=_cumsum_args, flops=_cumsum_flops, bytes=_cumsum_bytes,
                 cases=(
                     case(t=16, h=128, quick=True),
@@ -195,7 +195,7 @@ BENCHMARKS: list[KernelBench] = [
                     case(t=4096, h=4096),
                     case(t=1024, h=8192, dtype=torch.bfloat16),
                 )),
-    KernelBench(name="helion_topk", op="aten.topk.default",
+    KernelBench(name="helion_topk", op="aten::topk",
                 make_args=_topk_args, flops=_topk_flops, bytes=_topk_bytes,
                 cases=(
                     case(t=16, v=128, k=4, quick=True),
@@ -203,7 +203,7 @@ BENCHMARKS: list[KernelBench] = [
                     case(t=1024, v=32000, k=50, dtype=torch.bfloat16),
                     case(t=4096, v=4096, k=8),
                 )),
-    KernelBench(name="helion_rope", op="tpu_kernels.rope.default",
+    KernelBench(name="helion_rope", op="tpu_kernels::rope",
                 make_args=_rope_args, flops=_rope_flops, bytes=_rope_bytes,
                 cases=(
                     case(b=1, h=2, s=16, d=64, quick=True),

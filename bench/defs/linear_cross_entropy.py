@@ -29,7 +29,7 @@ def bytes_moved(c: Case) -> float:
 
 BENCHMARKS = [KernelBench(
     name="linear_cross_entropy",
-    op="tpu_kernels.linear_cross_entropy.default",
+    op="tpu_kernels::linear_cross_entropy",
     make_args=make_args, flops=flops, bytes=bytes_moved,
     cases=(
         case(n=64, h=128, vocab=1000, quick=True),

@@ -53,7 +53,7 @@ def addmm_bytes(c: Case) -> float:
 BF16 = torch.bfloat16
 BENCHMARKS = [
     KernelBench(
-        name="mm", op="aten.mm.default", make_args=_mm_args, flops=mm_flops, bytes=mm_bytes,
+        name="mm", op="aten::mm", make_args=_mm_args, flops=mm_flops, bytes=mm_bytes,
         cases=(
             case(m=128, k=256, n=128, quick=True),
             case(m=33, k=70, n=129, quick=True),                 # odd: padded on every axis
@@ -65,7 +65,7 @@ BENCHMARKS = [
             case(m=2048, k=2048, n=2048),                        # f32, precision HIGHEST
         )),
     KernelBench(
-        name="bmm", op="aten.bmm.default", make_args=_bmm_args, flops=bmm_flops,
+        name="bmm", op="aten::bmm", make_args=_bmm_args, flops=bmm_flops,
         bytes=bmm_bytes,
         cases=(
             case(b=4, m=64, k=64, n=128, quick=True),
@@ -74,7 +74,7 @@ BENCHMARKS = [
             case(b=8, m=1024, k=1024, n=1024),
         )),
     KernelBench(
-        name="addmm", op="aten.addmm.default", make_args=_addmm_args, flops=addmm_flops,
+        name="addmm", op="aten::addmm", make_args=_addmm_args, flops=addmm_flops,
         bytes=addmm_bytes,
         cases=(
             case(m=64, k=128, n=256, quick=True),

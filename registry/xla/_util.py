@@ -83,10 +83,6 @@ def matmul_precision() -> jax.lax.Precision:
     return _PRECISION[torch.get_float32_matmul_precision()]
 
 
-def jdtype(dtype: torch.dtype | None) -> np.dtype | None:
-    return None if dtype is None else to_jax_dtype(dtype)
-
-
 _META_LIB = torch.library.Library("aten", "IMPL")
 
 

@@ -137,14 +137,23 @@ def _bias_grad(ds: jax.Array, bias) -> jax.Array | None:
 
 
 # -- the CPU-recorded op ----------------------------------------------------------------------------
+def _one_head_size(query, key, value) -> None:
+    """torch's CPU flash kernel's check (its meta function does not make it): a value head
+    size that differs (multi-head latent attention) takes the overrideable fused op."""
+    if not query.shape[-1] == key.shape[-1] == value.shape[-1]:
+        raise RuntimeError("scaled_dot_product_attention_flash_attention: Q/K/V should have the same head size")
+
+
 @_fused("_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    _one_head_size(query, key, value)
     return _forward(query, key, value, attn_mask, is_causal, scale)
 
 
 @_fused("_scaled_dot_product_flash_attention_for_cpu_backward")
 def sdpa_flash_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                                 *, attn_mask=None, scale=None):
+    _one_head_size(query, key, value)
     return _backward(grad_out, query, key, value, out, logsumexp, attn_mask, is_causal, scale)[:3]
 
 
@@ -191,4 +200,8 @@ def sdpa_overrideable_backward(grad_out, query, key, value, attn_bias, grad_inpu
                                cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
                                philox_offset, *, scale=None):
     dq, dk, dv, ds = _backward(grad_out, query, key, value, out, logsumexp, attn_bias, is_causal, scale)
-    return dq, dk, dv, _bias_grad(ds, attn_bias) if grad_input_mask[3] else None
+    if attn_bias is None:
+        return dq, dk, dv, None
+    # torch's meta function declares the bias gradient whenever there is a bias
+    db = _bias_grad(ds, attn_bias) if grad_input_mask[3] else jnp.zeros(out_shape(3), out_dtype(3))
+    return dq, dk, dv, db

@@ -105,7 +105,9 @@ def unary_core(name: str) -> Callable[[jax.Array, Any], jax.Array]:
     keep_input = name in UNARY_SAME  # bool results must see the input's own dtype
 
     def core(x, dt):
-        cd = float_compute(x.dtype if keep_input else dt)
+        # a complex input keeps its dtype (angle's result is real: casting the input to it
+        # first would drop the imaginary part)
+        cd = float_compute(x.dtype if keep_input or jnp.iscomplexobj(x) else dt)
         return fn(x.astype(cd)).astype(dt)
     return core
 
@@ -148,11 +150,25 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 @xla("aten::logit")
 def logit(x, eps=None):
+    """log(z / (1 - z)), z clamped to [eps, 1 - eps]. torch's CPU kernel works in the input's
+    own type, so for half types eps, 1 - eps, 1 - z and the quotient are each rounded to it."""
     dt = out_dtype()
-    z = x.astype(float_compute(dt))
+    cd = float_compute(dt)
+
+    def rnd(v):
+        return v.astype(dt).astype(cd) if cd != dt else v
+    z = x.astype(cd)
     if eps is not None:
-        z = jnp.clip(z, eps, 1 - eps)
-    return jnp.log(z / (1 - z)).astype(dt)
+        lo = rnd(jnp.asarray(eps, cd))
+        z = jnp.clip(z, lo, rnd(1 - lo))
+    return jnp.log(rnd(z / rnd(1 - z))).astype(dt)
+
+
+@xla("aten::_conj_physical", "aten::conj_physical")
+def conj_physical(x):
+    """The conjugate as a new tensor (real tensors: a copy); torch's lazy conj bit is
+    materialised by the dispatcher."""
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
 
 
 @xla("aten::frexp.Tensor")

@@ -175,6 +175,8 @@ def _lu(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     zero = diag == 0
     # info: 1-based index of the first zero pivot, 0 when U is nonsingular
+    if zero.shape[-1] == 0:  # 0 x n or m x 0: nothing to pivot, info 0
+        return lu, (piv + 1).astype(jnp.int32), perm, jnp.zeros(zero.shape[:-1], jnp.int32)
     info = jnp.where(jnp.any(zero, -1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
     return lu, (piv + 1).astype(jnp.int32), perm, info
 
@@ -453,7 +455,7 @@ def linalg_matrix_exp(self):
     fn = jsl.expm
     for _ in range(self.ndim - 2):
         fn = jax.vmap(fn)
-    return fn(self)
+    return fn(self.astype(float_compute(self.dtype))).astype(self.dtype)  # half types in float32
 
 
 @xla("aten::linalg_cross.default")

@@ -161,5 +161,5 @@ def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
         bits = jax.lax.bitcast_convert_type(self.astype(jnp.float64), jnp.uint64)
     else:
         bits = self.astype(jnp.int64).astype(jnp.uint64)
-    dims = tuple(d % max(self.ndim, 1) for d in dim) if dim else tuple(range(self.ndim))
+    dims = tuple(d % self.ndim for d in dim) if dim and self.ndim else tuple(range(self.ndim))
     return jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, dims).reshape(out_shape())

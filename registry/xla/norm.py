@@ -160,13 +160,32 @@ def _reduce_axes(x):
     return (0, *range(2, x.ndim))
 
 
-def _bn_train(input, weight, bias, eps):
-    """Batch statistics: (y, mean, invstd, biased var), stats as (C,) float vectors."""
+def _param_round(input, *params):
+    """Rounding to torch's CPU parameter type: a half-type input whose weight, bias and
+    running statistics are all of its own type (or absent) keeps its saved mean and
+    inverse std, and the intermediate variance sum, in that type; with float32
+    parameters ("mixed type") nothing is rounded."""
+    dt = input.dtype
+    if dt == float_compute(dt) or any(p is not None and p.dtype != dt for p in params):
+        return lambda v: v
+    return lambda v: v.astype(dt).astype(float_compute(dt))
+
+
+def _bn_train(input, weight, bias, eps, running_mean=None, running_var=None):
+    """Batch statistics: (y, mean, invstd, biased var), stats as (C,) float vectors.
+
+    For half-type parameters torch's CPU kernel rounds the mean, the sum of squares, the
+    variance (sum / n, both in the half type) and the inverse std to the half type before
+    normalising with them; the same rounding here gives the same outputs."""
     acc = float_compute(input.dtype)
     x = input.astype(acc)
     mean, var = _stats(x, _reduce_axes(x))
     mean, var = mean.reshape(-1), var.reshape(-1)
-    invstd = lax.rsqrt(var + eps)
+    rnd = _param_round(input, weight, bias, running_mean, running_var)
+    n = _count(input)
+    if rnd(var) is not var:
+        mean, var = rnd(mean), rnd(rnd(var * n) / rnd(jnp.asarray(n, acc)))
+    invstd = rnd(lax.rsqrt(var + eps))
     return _scale_shift(x, mean, invstd, weight, bias), mean, invstd, var
 
 
@@ -204,7 +223,7 @@ def _bn_refuses_legacy_update(input, weight, bias, running_mean, running_var, tr
 @xla("aten::native_batch_norm", supports=_bn_refuses_legacy_update)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if training:
-        return _bn_train(input, weight, bias, eps)[:3]
+        return _bn_train(input, weight, bias, eps, running_mean, running_var)[:3]
     return _bn_eval(input, weight, bias, running_mean, running_var, eps)
 
 
@@ -212,7 +231,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
 def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if not training:
         return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), None, None)
-    y, mean, invstd, var = _bn_train(input, weight, bias, eps)
+    y, mean, invstd, var = _bn_train(input, weight, bias, eps, running_mean, running_var)
     return (y, mean, invstd, *_updated(running_mean, running_var, mean, var, momentum, _count(input)))
 
 
@@ -229,7 +248,7 @@ def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, runn
 
 @xla("aten::_batch_norm_with_update", "aten::_batch_norm_with_update_functional")
 def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    y, mean, invstd, var = _bn_train(input, weight, bias, eps)
+    y, mean, invstd, var = _bn_train(input, weight, bias, eps, running_mean, running_var)
     new_stats = _updated(running_mean, running_var, mean, var, momentum, _count(input))
     return (y, mean, invstd, jnp.zeros((0,), jnp.uint8), *new_stats)
 

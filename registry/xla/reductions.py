@@ -10,7 +10,8 @@ import numpy as np
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute, jdtype
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.xla._util import float_compute
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -223,14 +224,14 @@ def _vector_norm(x: jax.Array, ord: Any, axes: tuple[int, ...], keepdim: bool) -
 
 @xla("aten::linalg_vector_norm.default", static=("ord",))
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
-    x = self.astype(_acc(self.dtype if dtype is None else jdtype(dtype)))
+    x = self.astype(_acc(self.dtype if dtype is None else to_jax_dtype(dtype)))
     return _vector_norm(x, float(ord), _axes(dim, self.ndim), keepdim)
 
 
 @xla("aten::norm.ScalarOpt_dim", "aten::norm.Scalar", "aten::norm.ScalarOpt_dtype",
      "aten::norm.ScalarOpt_dim_dtype", static=("p",))
 def norm(self, p=2, dim=None, keepdim=False, *, dtype=None):
-    x = self.astype(_acc(self.dtype if dtype is None else jdtype(dtype)))
+    x = self.astype(_acc(self.dtype if dtype is None else to_jax_dtype(dtype)))
     return _vector_norm(x, 2.0 if p is None else float(p), _axes(dim, self.ndim), keepdim)
 
 

@@ -1,8 +1,10 @@
-"""Sorting lowerings: sort, topk, searchsorted/bucketize, histc, and the data-dependent
-bincount / unique family.
+"""Sorting lowerings: sort, topk, searchsorted/bucketize and the data-dependent unique
+family (histograms and bincount: ``histogram.py``).
 
 Torch's order: NaN sorts as the largest value (first when descending), -0.0 equals 0.0,
-and equal elements keep their original order (torch's CPU sort is stable).
+and equal elements keep their original order (torch's stable sort; with ``stable=False``
+torch leaves their order unspecified). ``topk`` among equal values returns what torch's
+CPU selection algorithm returns (``_cpu_order``): MoE routers depend on it.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla import _cpu_order
 
 
 def _sort_keys(x: jax.Array, descending: bool) -> list[jax.Array]:
@@ -32,6 +35,8 @@ def sort_with_indices(x: jax.Array, axis: int, descending: bool = False) -> tupl
     return out[-2], out[-1]
 
 
+# stable=False: torch leaves the order of equal elements unspecified (its CPU kernel uses
+# std::sort or x86-simd-sort); this stable order is one of the allowed ones
 @xla("aten::sort.default")
 def sort(self, dim=-1, descending=False):
     return sort_with_indices(self, dim % max(self.ndim, 1), descending)
@@ -67,10 +72,29 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
         vals, idx = sort_with_indices(self, ax, descending=largest)
         return jax.lax.slice_in_dim(vals, 0, k, axis=ax), jax.lax.slice_in_dim(idx, 0, k, axis=ax)
     x = jnp.moveaxis(self, ax, -1)
-    # lax.top_k (a TopK op on TPU, not a full sort) on an order-preserving integer key
-    _, idx = jax.lax.top_k(_order_key(x, largest), k)
+    idx = _topk_indices(_order_key(x, largest), k, sorted)
     vals = jnp.take_along_axis(x, idx, axis=-1)
     return jnp.moveaxis(vals, -1, ax), jnp.moveaxis(idx.astype(jnp.int64), -1, ax)
+
+
+def _topk_indices(key: jax.Array, k: int, sorted: bool) -> jax.Array:
+    """torch's CPU top-k indices along the last axis of an order key (larger first).
+
+    Without ties the answer is fixed by the values: ``lax.top_k`` (a TopK op on TPU, not
+    a full sort). Equal values among the first k + 1, or the unsorted order of CPU's
+    ``nth_element`` path, are whatever CPU's selection algorithm leaves: replayed by
+    ``_cpu_order`` (branched to only when ties occur)."""
+    n = key.shape[-1]
+    if k == 0 or key.size == 0:
+        return jax.lax.top_k(key, k)[1]
+    if _cpu_order.needs_cpu_order(k, n, sorted):
+        return _cpu_order.topk_indices(key, k, sorted)
+    top, idx = jax.lax.top_k(key, min(k + 1, n))
+    if not _cpu_order.replayable(k, n):
+        return idx[..., :k]
+    tie = jnp.any(top[..., 1:] == top[..., :-1])
+    return jax.lax.cond(tie, lambda: _cpu_order.topk_indices(key, k, sorted).astype(idx.dtype),
+                        lambda: idx[..., :k])
 
 
 # -- searching -----------------------------------------------------------------------------
@@ -114,65 +138,6 @@ def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
                    out_int32)
 
 
-# -- histograms ---------------------------------------------------------------------------------
-@xla("aten::histc.default")
-def histc(self, bins=100, min=0, max=0):
-    x = self.reshape(-1)
-    lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
-    auto = lo == hi  # min == max: use the data's range (widened by 1 if still empty)
-    if x.size:
-        lo = jnp.where(auto, jnp.min(x), lo)
-        hi = jnp.where(auto, jnp.max(x), hi)
-    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
-    inside = (x >= lo) & (x <= hi)
-    pos = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
-    pos = jnp.clip(pos, 0, bins - 1)  # x == max falls in the last bin
-    return jnp.zeros((bins,), x.dtype).at[pos].add(inside.astype(x.dtype))
-
-
-def _histogram(x, edges, weight, density):
-    """Counts of ``x`` in the bins ``edges`` (the last bin closed), optionally a density."""
-    x = x.reshape(-1)
-    nb = edges.shape[0] - 1
-    pos = jnp.clip(jnp.searchsorted(edges, x, side="right") - 1, 0, nb - 1)
-    inside = (x >= edges[0]) & (x <= edges[-1])
-    w = jnp.ones_like(x) if weight is None else weight.reshape(-1).astype(x.dtype)
-    hist = jnp.zeros((nb,), x.dtype).at[pos].add(jnp.where(inside, w, 0))
-    if density:
-        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
-    return hist, edges
-
-
-# torch has no meta functions for histogram: these run eagerly
-@xla("aten::histogram.bin_ct", data_dependent=True)
-def histogram(self, bins=100, *, range=None, weight=None, density=False):
-    if range is not None:
-        lo, hi = float(range[0]), float(range[1])
-    elif self.size:
-        lo, hi = float(jnp.min(self)), float(jnp.max(self))
-    else:
-        lo, hi = 0.0, 0.0
-    if lo == hi:  # an empty range widens by 0.5 each way (numpy's rule)
-        lo, hi = lo - 0.5, hi + 0.5
-    edges = jnp.linspace(lo, hi, bins + 1, dtype=jnp.float64).astype(self.dtype)
-    return _histogram(self, edges, weight, density)
-
-
-@xla("aten::histogram.bins_tensor", data_dependent=True)
-def histogram_bins(self, bins, *, weight=None, density=False):
-    return _histogram(self, bins.astype(self.dtype), weight, density)
-
-
-@xla("aten::bincount.default", data_dependent=True)
-def bincount(self, weights=None, minlength=0):
-    n = int(jnp.max(self)) + 1 if self.size else 0
-    n = max(n, minlength)
-    if weights is None:
-        return jnp.zeros((n,), jnp.int64).at[self].add(1)
-    dt = weights.dtype if weights.dtype == jnp.float32 else jnp.float64  # torch's rule
-    return jnp.zeros((n,), dt).at[self].add(weights.astype(dt))
-
-
 # -- unique (data-dependent sizes) -------------------------------------------------------------------
 _EMPTY = np.zeros((0,), np.int64)
 
@@ -192,6 +157,8 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     n = x.shape[0]
     if n == 0:
         starts = jnp.zeros((0,), bool)
+    elif n == 1:
+        starts = jnp.ones((1,), bool)
     else:
         diff = jnp.any((x[1:] != x[:-1]).reshape(n - 1, -1), axis=1)
         starts = jnp.concatenate([jnp.ones((1,), bool), diff])

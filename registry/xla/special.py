@@ -1,9 +1,7 @@
 """torch.special functions: jax.scipy.special where it has them, the orthogonal
 polynomials by torch's recurrences (with torch's endpoint and large-degree rules).
-
-Not lowered here (JAX has no implementation, or a broken one): special_airy_ai,
-special_bessel_j0/j1 (jax's bessel_jn returns nan below x ~ 10), special_bessel_y0/y1,
-special_modified_bessel_k0/k1, special_scaled_modified_bessel_k0/k1.
+zeta and polygamma: ``zeta.py``; the Bessel functions JAX lacks (J0, J1, Y0, Y1, K0, K1)
+and Airy's Ai: ``bessel.py``.
 """
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ def _overloads(name: str) -> list[str]:
     return [f"aten::{name}.{o}" for o in packet.overloads() if "out" not in o.lower()]
 
 
-def _float(fn: Callable) -> Callable:
+def float_lowering(fn: Callable) -> Callable:
     """Arguments cast to the compute dtype of torch's (float) result."""
     def lower(*args):
         dt = out_dtype()
@@ -47,11 +45,6 @@ def _spherical_j0(x):
     return jnp.where(jnp.isinf(x), jnp.zeros_like(x), j0)
 
 
-def _zeta(x, q):
-    # torch: a pole at non-positive integer q
-    return jnp.where((q <= 0) & (q == jnp.floor(q)) & (x > 1), jnp.inf, jss.zeta(x, q)).astype(x.dtype)
-
-
 _UNARY = {
     "special_entr": _entr, "special_erfcx": jss.erfcx, "special_i0e": jss.i0e,
     "special_i1": jss.i1, "special_i1e": jss.i1e, "special_log_ndtr": jss.log_ndtr,
@@ -60,20 +53,11 @@ _UNARY = {
     "special_ndtr": jss.ndtr,
 }
 for _name, _fn in _UNARY.items():
-    xla(f"aten::{_name}", name=_name)(_float(_fn))
+    xla(f"aten::{_name}", name=_name)(float_lowering(_fn))
 
-_BINARY = {"special_zeta": _zeta, "igamma": jss.gammainc, "igammac": jss.gammaincc}
+_BINARY = {"igamma": jss.gammainc, "igammac": jss.gammaincc}
 for _name, _fn in _BINARY.items():
-    xla(*_overloads(_name), name=_name)(_float(_fn))
-
-
-@xla("aten::polygamma")
-def polygamma(n: int, x):
-    dt = out_dtype()
-    xc = x.astype(float_compute(dt))
-    if n == 0:
-        return jnp.where(xc == 0, jnp.copysign(jnp.inf, -xc), jss.digamma(xc)).astype(dt)
-    return jss.polygamma(n, xc).astype(dt)
+    xla(*_overloads(_name), name=_name)(float_lowering(_fn))
 
 
 @xla("aten::mvlgamma")

@@ -104,7 +104,7 @@ def test_peak_table_units():
         assert 4 * MiB <= chip.scoped_vmem_bytes <= chip.vmem_bytes <= 1024 * MiB, chip  # bytes
         assert chip.vmem_bytes % 1024 == 0 and chip.mxu in (128, 256)
         assert 8 * 1024 * MiB <= chip.hbm_bytes <= 1024 * 1024 * MiB
-    assert {"v4", "v5e", "v5p", "v6e", "v7"} <= set(tpu_info.CHIPS)
+    assert {"v4", "v5e", "v5p", "v6e", "v7x"} <= set(tpu_info.CHIPS)
     assert {"H100", "H200"} <= set(tpu_info.GPUS)
     for gpu in tpu_info.GPUS.values():
         assert 1e13 <= gpu.bf16_flops <= 1e16 and 1e11 <= gpu.hbm_bytes_per_s <= 1e13, gpu

@@ -11,10 +11,10 @@ from hypothesis import given, strategies as st
 
 from tpu_kernels.pallas import grouped_matmul as gm
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.export_check import lower_for_tpu
+from helpers import tpu_compile
 from tpu_kernels.pallas.reference import grouped_matmul as ref
+from tpu_kernels.testing import tol
 
-TOL = {jnp.float32: dict(atol=1e-4, rtol=1e-4), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 SMALL = (128, 128, 128)     # several row tiles on tiny problems
 
 
@@ -26,7 +26,7 @@ def _rand(key, shape, dtype):
 def _close(x, y, dtype, name=""):
     assert x.shape == y.shape and x.dtype == y.dtype, name
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                               err_msg=name, **TOL[dtype])
+                               err_msg=name, **tol(dtype, kernel=True))
 
 
 def _check(m, k, n, sizes, dtype=jnp.float32, block=None):
@@ -111,14 +111,13 @@ def test_supports_reasons():
         gm.ragged_dot(jnp.ones((8, 16)), jnp.ones((3, 16, 4)), jnp.ones((2,), jnp.int32))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("m,k,n,g", [(512, 1024, 2048, 8), (300, 70, 129, 4)])
-def test_lowers_for_tpu(dtype, m, k, n, g):
-    lhs, rhs = jnp.zeros((m, k), dtype), jnp.zeros((g, k, n), dtype)
-    gs = jnp.zeros((g,), jnp.int32)
-    lower_for_tpu(partial(gm.ragged_dot, interpret=False), lhs, rhs, gs)
-    loss = lambda a, b, s: gm.ragged_dot(a, b, s, interpret=False).sum()
-    lower_for_tpu(jax.grad(loss, argnums=(0, 1)), lhs, rhs, gs)
+@pytest.mark.parametrize("dtype,m,k,n,g", [(jnp.bfloat16, 512, 1024, 2048, 8),
+                                            (jnp.float32, 300, 70, 129, 4)])
+def test_compiles_for_tpu(dtype, m, k, n, g):
+    S = jax.ShapeDtypeStruct
+    loss = lambda a, b, s: gm.ragged_dot(a, b, s).astype(jnp.float32).sum()  # noqa: E731
+    tpu_compile(jax.value_and_grad(loss, argnums=(0, 1)), S((m, k), dtype), S((g, k, n), dtype),
+                S((g,), jnp.int32), kernels=3)
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)

@@ -1,4 +1,5 @@
-"""Every kernel binding in registry/kernels runs through the tpu device and matches CPU.
+"""Every kernel bound in registry/bindings runs through the tpu device and matches CPU, on
+the examples its manifest entry gives (registry/manifest.py).
 
 ``check_parity`` forces each impl of the op in turn (Pallas/Helion in interpret mode)
 against CPU torch (ATen ops) or the op's reference (this library's custom ops).
@@ -9,38 +10,17 @@ import pytest
 import torch
 
 from tpu_kernels import registry
-from tpu_kernels.testing import check_parity
+from tpu_kernels.registry.manifest import KERNELS
+from tpu_kernels.testing import check_parity, tol
 
-torch.manual_seed(0)
-X = torch.randn(7, 129)
-Q, K = torch.randn(1, 2, 7, 64), torch.randn(1, 2, 7, 64)
-COS, SIN = torch.randn(7, 64), torch.randn(7, 64)
-
-CASES = {
-    "aten::_fused_rms_norm": (X, [129], torch.randn(129), 1e-6),
-    "aten::native_layer_norm": (X, [129], torch.randn(129), torch.randn(129), 1e-5),
-    "aten::_softmax": (X, -1, False),
-    "aten::_log_softmax": (X, -1, False),
-    "aten::glu": (torch.randn(7, 258), -1),
-    "tpu_kernels::swiglu": (X, torch.randn(7, 129)),
-    "tpu_kernels::geglu": (X, torch.randn(7, 129)),
-    "tpu_kernels::rope": (Q, K, COS, SIN),
-    "aten::var_mean.correction": (X, [-1]),
-    "aten::cumsum": (X, -1),
-    "aten::topk": (torch.randperm(7 * 129).float().reshape(7, 129), 5),
-    "aten::mm": (torch.randn(33, 70), torch.randn(70, 129)),
-    "aten::embedding": (torch.randn(50, 128), torch.randint(0, 50, (9,))),
-    "tpu_kernels::cross_entropy": (torch.randn(6, 300), torch.tensor([0, 3, -100, 299, 2, 2])),
-    "tpu_kernels::ragged_dot": (torch.randn(7, 8), torch.randn(3, 8, 5), torch.tensor([2, 0, 5])),
-    "aten::_grouped_mm": (torch.randn(7, 8), torch.randn(3, 8, 8), torch.tensor([2, 2, 7], dtype=torch.int32)),
-}
+EXAMPLES = [pytest.param(k, op, id=f"{k.name}:{op}") for k in KERNELS for op in k.examples]
 
 
-@pytest.mark.parametrize("op", sorted(CASES))
-def test_binding_matches_reference(op):
+@pytest.mark.parametrize("kernel,op", EXAMPLES)
+def test_binding_matches_reference(kernel, op):
     kinds = {i.kind for i in registry.impls(op)}
-    assert kinds & {"pallas", "helion"}, f"{op} has no kernel bound"
-    n = check_parity(op, CASES[op], atol=2e-5, rtol=2e-5)  # f32 kernels: blocked sums
+    assert kernel.kind in kinds, f"{op} has no {kernel.kind} kernel bound"
+    n = check_parity(op, kernel.examples[op](), **tol(torch.float32, kernel=True))
     assert n >= 2, f"{op}: only {n} impls accepted the example"
 
 
@@ -54,5 +34,5 @@ def test_gated_backward_runs_the_helion_kernel(op):
     assert any(i.kind == "helion" for i in bwd)
     with registry.interpret():
         fn(at, bt).sum().backward()
-    torch.testing.assert_close(at.grad.cpu(), a.grad, atol=2e-5, rtol=2e-5)  # f32 kernel
-    torch.testing.assert_close(bt.grad.cpu(), b.grad, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(at.grad.cpu(), a.grad, **tol(torch.float32, kernel=True))
+    torch.testing.assert_close(bt.grad.cpu(), b.grad, **tol(torch.float32, kernel=True))

@@ -1,34 +1,11 @@
 """transformers decoder-only language models, tiny and randomly initialised, on tpu vs CPU."""
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
-import torch
 import transformers as tf
 
 from model_harness import Case, check_forward, check_train_step
-
-# Shared sizes: every model's ops then compile for the same few shapes.
-V, H, I, NH, KV, L, B, S = 128, 32, 64, 4, 2, 1, 2, 8
-
-
-def _ids() -> dict:
-    ids = torch.randint(0, V, (B, S))
-    return {"input_ids": ids, "labels": ids}
-
-
-def _lm(model_cls, config_cls, experts: str | None = None, **kw) -> Callable:
-    def build():
-        cfg = config_cls(vocab_size=V, **kw)
-        cfg._attn_implementation = kw.get("attn_implementation", "sdpa")
-        if experts is not None:
-            cfg._experts_implementation = experts
-        return model_cls(cfg)
-    return build
-
-_llama_like = dict(hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
-                   num_key_value_heads=KV, max_position_embeddings=64, attn_implementation="sdpa")
+from tiny import H, I, L, LLAMA_LIKE as _llama_like, NH, ids as _ids, lm as _lm, long_ids as _long_ids
 
 CASES = [
     Case("llama", _lm(tf.LlamaForCausalLM, tf.LlamaConfig, **_llama_like), _ids),
@@ -65,16 +42,28 @@ CASES = [
     Case("opt", _lm(tf.OPTForCausalLM, tf.OPTConfig, hidden_size=H, ffn_dim=I, num_hidden_layers=L,
                     num_attention_heads=NH, word_embed_proj_dim=H, max_position_embeddings=64,
                     dropout=0.0, attention_dropout=0.0, attn_implementation="sdpa"), _ids),
+    Case("phi3", _lm(tf.Phi3ForCausalLM, tf.Phi3Config, pad_token_id=0, **_llama_like), _ids),
+    Case("starcoder2", _lm(tf.Starcoder2ForCausalLM, tf.Starcoder2Config, sliding_window=4, residual_dropout=0.0,
+                           embedding_dropout=0.0, **_llama_like), _ids),
+    Case("olmo2", _lm(tf.Olmo2ForCausalLM, tf.Olmo2Config, **_llama_like), _ids),
+    Case("cohere", _lm(tf.CohereForCausalLM, tf.CohereConfig, use_qk_norm=True, **_llama_like), _ids),
+    Case("stablelm", _lm(tf.StableLmForCausalLM, tf.StableLmConfig, qk_layernorm=True, use_parallel_residual=True,
+                         hidden_dropout=0.0, **_llama_like), _ids),
+    Case("granite", _lm(tf.GraniteForCausalLM, tf.GraniteConfig, embedding_multiplier=2.0, logits_scaling=4.0,
+                        residual_multiplier=0.5, attention_multiplier=0.2, **_llama_like), _ids),
+    # soft-capped attention logits take the eager attention path
+    Case("gemma2", _lm(tf.Gemma2ForCausalLM, tf.Gemma2Config, head_dim=8, sliding_window=4, attn="eager",
+                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **_llama_like), _ids),
+    Case("gptj", _lm(tf.GPTJForCausalLM, tf.GPTJConfig, n_embd=H, n_layer=L, n_head=NH, n_positions=64, rotary_dim=4,
+                     n_inner=I, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn="eager"), _ids),
+    Case("smollm3", _lm(tf.SmolLM3ForCausalLM, tf.SmolLM3Config, pad_token_id=0, **_llama_like), _ids),
+    Case("mpt", _lm(tf.MptForCausalLM, tf.MptConfig, d_model=H, n_heads=NH, n_layers=L, expansion_ratio=2,
+                    max_seq_len=64, attn="eager"), _ids),
 ]
 
 
 # Slower: deeper and longer (2 layers, 64 tokens: new shapes to compile, and error that
 # builds over layers). Run with `make test-thorough` or `pytest --thorough tests/models`.
-def _long_ids() -> dict:
-    ids = torch.randint(0, V, (B, 64))
-    return {"input_ids": ids, "labels": ids}
-
-
 _deep = dict(_llama_like, num_hidden_layers=2, max_position_embeddings=128)
 CASES += [
     Case("llama_2l_64tok", _lm(tf.LlamaForCausalLM, tf.LlamaConfig, **_deep), _long_ids, thorough=True),

@@ -158,3 +158,37 @@ def test_overrideable_variant():
     g = aten._scaled_dot_product_fused_attention_overrideable_backward(
         tgo, tq, tk, tv, tb, [True] * 4, r[0], r[1], r[2], r[3], r[4], r[5], 0.0, False, r[6], r[7])
     assert_same([dq, dk, dv, db], list(g), "overrideable grads")
+
+
+# -- value head dim != query/key head dim (multi-head latent attention: DeepSeek-V2/V3) --------------
+@pytest.mark.parametrize("mask,causal,kv_heads", [("none", False, 4), ("none", True, 2),
+                                                  ("additive_batched", False, 4)])
+def test_sdpa_value_head_dim_differs(mask, causal, kv_heads):
+    q, k, _ = _qkv(hk=kv_heads, lq=6, lk=6, e=12)
+    v = _rand(2, kv_heads, 6, 16, seed=5)
+    m = MASKS[mask](6, 6)
+    gqa = kv_heads != 4
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal,
+                                                            enable_gqa=gqa),
+          q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), m, grad=True)
+
+
+def test_flash_for_cpu_refuses_value_head_dim_like_cpu():
+    # torch's CPU flash kernel requires one head size; its meta function does not check
+    q, k = _rand(2, 4, 6, 12), _rand(2, 4, 6, 12, seed=1)
+    v = _rand(2, 4, 6, 16, seed=2)
+    with pytest.raises(RuntimeError) as cpu:
+        aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    with pytest.raises(RuntimeError) as tpu:
+        aten._scaled_dot_product_flash_attention_for_cpu(*to_tpu((q, k, v)))[0].cpu()
+    assert str(cpu.value) in str(tpu.value)
+
+
+def test_pallas_flash_attention_refuses_value_head_dim_with_reason():
+    from tpu_kernels.registry import REGISTRY
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    q, k = torch.empty(2, 4, 128, 64, device="meta"), torch.empty(2, 4, 128, 64, device="meta")
+    v = torch.empty(2, 4, 128, 128, device="meta")
+    pallas = [i for i in REGISTRY.impls(op) if i.kind == "pallas"]
+    assert pallas and "value head_dim" in pallas[0].check(q, k, v)
+    assert pallas[0].check(q, k, torch.empty(2, 4, 128, 64, device="meta")) is None

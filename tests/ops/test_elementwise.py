@@ -68,6 +68,32 @@ def test_unary_int(name):
     check(getattr(torch, name), rand(4, 5, dtype=torch.int64, low=-9, high=9))
 
 
+@pytest.mark.parametrize("name", ["angle", "abs", "sgn", "neg", "exp", "sqrt", "log", "reciprocal",
+                                  "sigmoid", "isnan", "isfinite"])
+def test_unary_complex(name):
+    # angle and abs give real results from a complex input: the imaginary part counts
+    z = torch.complex(rand(5, 4), rand(5, 4))
+    z.view(-1)[:6] = torch.tensor([1 + 1j, -1 + 1j, -1 - 1j, 3j, -2.0 + 0j, 0j])
+    check(getattr(torch, name), z)
+    check(getattr(torch, name), z.to(torch.complex128))
+
+
+def test_conj_physical():
+    z = torch.complex(rand(3, 4), rand(3, 4))
+    check(torch.conj_physical, z)
+    check(torch.conj_physical, rand(3, 4))
+    check(torch.ops.aten._conj_physical, z)
+    check(lambda t: torch.fft.ihfft2(t), rand(3, 4, 6))   # ihfft's last step
+
+
+def test_logit_half_types():
+    # torch's CPU kernel rounds eps, 1 - eps, 1 - x and the quotient to the half type
+    for dt in (torch.bfloat16, torch.float16):
+        x = rand(200, low=0.0, high=1.0).to(dt)
+        for eps in (None, 0.0, 0.05, 1e-6):
+            check(lambda t, eps=eps: torch.logit(t, eps), x)
+
+
 def test_unary_shapes():
     check(torch.exp, torch.tensor(0.5))
     check(torch.neg, torch.empty(0, 3))

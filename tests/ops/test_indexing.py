@@ -280,7 +280,7 @@ def test_embedding_bag(mode):
     w, i = r(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
     o = torch.tensor([0, 2, 2, 5])
     for pad in (-1, 4):
-        out = check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, False, pad)[0], w, i, o)
+        check(lambda w, i, o: aten._embedding_bag(w, i, o, False, mode, False, None, False, pad)[0], w, i, o)
         res = aten._embedding_bag(to_tpu(w), to_tpu(i), to_tpu(o), False, mode, False, None, False, pad)
         cpu = aten._embedding_bag(w, i, o, False, mode, False, None, False, pad)
         if mode:  # CPU's sum fast path returns an empty offset2bag; the meta shape has one per index

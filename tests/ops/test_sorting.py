@@ -75,6 +75,50 @@ def test_topk_nan_and_grad():
     check(lambda a: torch.topk(a, 3)[0], _distinct(3, 6).requires_grad_(), grad=True)
 
 
+def _ties(rows: int, n: int, levels: int, seed: int = 0) -> torch.Tensor:
+    """Rows of small integers (many equal values), some with NaNs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, n), generator=g).float()
+    x[0] = 0.5                      # a whole row of ties (a router gate initialised to zero)
+    x[1, ::3] = NAN
+    return x
+
+
+# torch's CPU topk among equal values: libstdc++'s nth_element + sort (k * 64 > n) or
+# partial_sort (k * 64 <= n), replayed by registry/xla/_cpu_order.py (each case compiles the
+# replay once: a few seconds)
+@pytest.mark.parametrize("n,k,levels,largest,srt", [
+    (4, 2, 2, True, True),      # a 4-expert router, top-2: the AFMoE case
+    (4, 2, 2, True, False),     # the same with sorted=False (routers often ask for it)
+    (8, 3, 3, False, True),     # nth_element, several partition rounds, smallest first
+    (40, 19, 4, True, True),    # k - 1 > 16: std::sort partitions before its insertion sort
+    (128, 2, 5, True, True),    # k * 64 <= n: partial_sort (heap selection)
+])
+def test_topk_ties_follow_cpu(n, k, levels, largest, srt):
+    check(lambda a: torch.topk(a, k, largest=largest, sorted=srt), _ties(12, n, levels))
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("n", [4, 5, 8, 16, 33, 64, 100, 128, 300])
+def test_topk_ties_follow_cpu_sweep(n):
+    for k in sorted({1, 2, 3, 5, 17, 18, n // 2, n - 1, n} & set(range(1, n + 1))):
+        for largest in (True, False):
+            for srt in (True, False):
+                for levels in (1, 2, 3, n):
+                    check(lambda a, k=k, big=largest, srt=srt: torch.topk(a, k, largest=big, sorted=srt),
+                          _ties(8, n, levels, seed=k))
+
+
+def test_topk_unsorted_order_and_bf16_ties():
+    # sorted=False with distinct values: the order nth_element leaves, not a sorted one
+    x = _distinct(6, 10)
+    check(lambda a: torch.topk(a, 4, sorted=False), x)
+    check(lambda a: torch.topk(a, 3, dim=0, sorted=False), x)
+    # bfloat16 rounding makes ties; the CPU kernel compares in float
+    check(lambda a: torch.topk(a, 3), (torch.randn(6, 10, generator=torch.Generator().manual_seed(3))
+                                       * 0.02).to(torch.bfloat16))
+
+
 # -- searchsorted / bucketize ----------------------------------------------------------------------
 @pytest.mark.parametrize("right", [False, True])
 def test_searchsorted(right):
@@ -92,25 +136,6 @@ def test_searchsorted(right):
     check(lambda b: torch.bucketize(3.0, b, right=right), seq)
 
 
-# -- histograms ---------------------------------------------------------------------------------------
-def test_histc():
-    x = _rand(100)
-    check(lambda a: torch.histc(a, 10, -2, 2), x)
-    check(lambda a: torch.histc(a, 7), x)                # min == max: the data's range
-    check(lambda a: torch.histc(a, 4, 0, 3), torch.tensor([0.0, 1.0, 2.0, 3.0, 3.0, -1.0, 4.0]))
-    check(lambda a: torch.histc(a, 3), torch.tensor([2.0, 2.0]))  # constant data widens by 1
-    check(lambda a: torch.histc(a, 5, -1, 1), _rand(40, dtype=torch.float64))
-
-
-def test_bincount():
-    x = torch.tensor([0, 3, 1, 3, 3, 7])
-    check(torch.bincount, x)
-    check(lambda a: torch.bincount(a, minlength=10), x)
-    check(lambda a, w: torch.bincount(a, w), x, _rand(6))
-    check(lambda a, w: torch.bincount(a, w), x, _rand(6, dtype=torch.float64))
-    check(lambda a: torch.bincount(a), torch.zeros(0, dtype=torch.int64))
-
-
 # -- unique ------------------------------------------------------------------------------------------------
 def test_unique():
     x = torch.tensor([[3, 1, 3], [2, 2, 7]])
@@ -123,6 +148,7 @@ def test_unique():
 def test_unique_consecutive():
     x = torch.tensor([3, 3, 1, 3, 2, 2, 2])
     check(lambda a: torch.unique_consecutive(a), x)
+    check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), torch.tensor(2.5))
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True), x)
     m = torch.tensor([[1, 1], [1, 1], [2, 0], [2, 0], [1, 1]])
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True, dim=0), m)

@@ -56,6 +56,13 @@ def test_polygamma_mvlgamma():
     x = rand(5, 4, low=0.5, high=5)
     for n in (0, 1, 2, 3):
         check(lambda t: torch.polygamma(n, t), x)
+    # negative arguments (finite between the poles), poles, +-0, inf and nan: torch's
+    # reflection (trigamma) and Hurwitz zeta (n >= 2) rules, not jax.scipy's (x > 0 only)
+    neg = torch.cat([rand(12, low=-9, high=0.5), EDGES, torch.tensor([-1.0, -2.0, -2.5, -7.25])])
+    for n in (0, 1, 2, 3, 4, 5):
+        check(lambda t, n=n: torch.polygamma(n, t), neg)
+        check(lambda t, n=n: torch.special.polygamma(n, t), neg)
+    check(lambda t: torch.polygamma(2, t), rand(6, low=-4, high=4, dtype=torch.bfloat16))
     check(lambda t: torch.mvlgamma(t, 1), x)
     check(lambda t: torch.mvlgamma(t, 3), x + 1.5)
 
@@ -66,6 +73,9 @@ def test_binary():
     check(lambda t: torch.special.zeta(t, 2.0), x)
     check(lambda t: torch.special.zeta(3.0, t), q)
     check(torch.special.zeta, torch.tensor([1.0, 0.5, 2.0, 3.0, 2.0]), torch.tensor([1.0, 1.0, -1.5, 0.0, -2.0]))
+    # negative non-integer q: finite for integer x, nan otherwise (torch's Cephes rules)
+    check(torch.special.zeta, torch.tensor([2.0, 3.0, 4.0, 2.5, 7.0, float("nan"), float("inf")]),
+          torch.tensor([-1.5, -3.25, -0.5, -1.5, -12.75, 1.0, 2.0]))
     a, b = rand(4, 5, low=0.1, high=5), rand(4, 5, low=0.0, high=6)
     check(torch.igamma, a, b)
     check(torch.igammac, a, b)
@@ -88,3 +98,24 @@ def test_polynomials(name):
     check(lambda t: fn(t, 3), xs)
     check(lambda m: fn(0.4, m), ns)
     check(fn, xs.double(), torch.full((10,), 9.0, dtype=torch.float64))
+
+
+# torch's Cephes-derived Bessel and Airy functions (registry/xla/bessel.py): every branch
+# (small-argument series, asymptotic forms), negative arguments, 0, inf and nan
+BESSEL = ["bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_k0", "modified_bessel_k1",
+          "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "airy_ai"]
+
+
+@pytest.mark.parametrize("name", BESSEL)
+def test_bessel_airy(name):
+    fn = getattr(torch.special, name)
+    x = torch.cat([rand(24, low=-12, high=12), rand(8, low=0, high=2.5), EDGES,
+                   torch.tensor([1e-6, 4.99, 5.01, 1.99, 2.01, -2.2, 2.2, 8.5, 30.0, 120.0])])
+    check(fn, x)
+    check(fn, torch.arange(-2, 7))                       # integers compute in float32
+    for dt in (torch.bfloat16, torch.float16):           # no half-precision kernels, as on CPU
+        with pytest.raises(NotImplementedError) as cpu:
+            fn(torch.ones(3, dtype=dt))
+        with pytest.raises(NotImplementedError) as tpu:
+            fn(torch.ones(3, dtype=dt, device="tpu")).cpu()
+        assert str(cpu.value) in str(tpu.value)

@@ -11,14 +11,14 @@ can draw (the schema-driven families refuse overloads with arguments they do not
 """
 from __future__ import annotations
 
-import csv
 import functools
-import os
 from typing import Any
 
 import torch
 
 import strategies as S
+from tpu_kernels.coverage import load_targets
+from tpu_kernels.registry.opnames import base_name, lookup_op, overload_or_none
 
 aten = torch.ops.aten
 
@@ -30,7 +30,7 @@ COMPARISON = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", 
               "fmax", "fmin", "where"}
 FLOAT_ONLY = {"polar", "complex", "hardshrink", "softshrink", "log_sigmoid_forward", "polygamma", "mvlgamma", "renorm",
               "erfinv", "digamma", "lgamma", "i0", "logit", "nextafter", "frexp", "sinc", "special_xlog1py",
-              "xlogy", "ldexp", "heaviside", "float_power", "polygamma", "igamma", "igammac"}
+              "xlogy", "ldexp", "heaviside", "float_power", "igamma", "igammac"}
 ELEMENTWISE = {
     "abs", "acos", "acosh", "add", "addcdiv", "addcmul", "angle", "asin", "asinh", "atan", "atan2", "atanh",
     "ceil", "clamp", "clamp_max", "clamp_min", "copysign", "cos", "cosh", "deg2rad", "digamma", "div", "erf",
@@ -83,7 +83,8 @@ ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_fused_attention_overrideable"}
 DISTANCE = {"_cdist_forward", "_pdist_forward", "_euclidean_dist"}
 FFT = {"_fft_c2c", "_fft_r2c", "_fft_c2r"}
-MISC = {"_prelu_kernel": "prelu", "_grouped_mm": "grouped_mm", "grid_sampler_2d": "grid_sampler",
+MISC = {"_local_scalar_dense": "item", "_prelu_kernel": "prelu", "_grouped_mm": "grouped_mm",
+        "grid_sampler_2d": "grid_sampler",
         "grid_sampler_3d": "grid_sampler", "glu": "glu"}
 CREATION = {"zeros", "ones", "empty", "full", "scalar_tensor", "empty_strided", "empty_permuted", "eye",
             "arange", "linspace", "logspace", "tril_indices", "triu_indices", "zeros_like", "ones_like",
@@ -131,12 +132,7 @@ KERNEL_EXAMPLES_CI = 2
 
 def packet_name(op) -> str:
     """``aten.add.Tensor`` -> ``add``."""
-    return str(op).split(".")[1]
-
-
-def _lookup(name: str):
-    from tpu_kernels.registry import lookup_op
-    return lookup_op(name)
+    return base_name(op)
 
 
 def family(op) -> str | None:
@@ -167,7 +163,7 @@ def family(op) -> str | None:
 def _forward_of(op):
     name = packet_name(op)
     if name in BACKWARD_OF:
-        return _lookup(BACKWARD_OF[name])
+        return lookup_op(BACKWARD_OF[name])
     ns = str(op).split(".")[0]
     for suffix in ("_backward_data", "_backward"):
         if name.endswith(suffix):
@@ -220,19 +216,15 @@ def _strategy(op) -> Any:
              "sorting": S.sorting, "loss": S.loss, "linalg": S.linalg, "custom": S.custom,
              "fused_adam": S.fused_adam, "padding": S.padding, "upsample": S.upsample,
              "attention": S.attention, "distance": S.distance, "fft": S.fft, "prelu": S.prelu,
-             "grouped_mm": S.grouped_mm, "grid_sampler": S.grid_sampler, "glu": S.glu}
+             "grouped_mm": S.grouped_mm, "grid_sampler": S.grid_sampler, "glu": S.glu, "item": S.item}
     return table[fam](op)
 
 
 # -- targets ------------------------------------------------------------------------------------
-TARGETS_TSV = os.path.join(os.path.dirname(__import__("tpu_kernels").__file__), "aten_targets.tsv")
-
-
 @functools.lru_cache(maxsize=None)
 def targets() -> dict[str, int]:
-    """``aten.add.Tensor`` -> tier (1, 2, 3), from ``tpu_kernels/aten_targets.tsv``."""
-    with open(TARGETS_TSV) as f:
-        return {r["op"]: int(r["tier"]) for r in csv.DictReader(f, delimiter="\t")}
+    """``aten.add.Tensor`` -> tier (1, 2, 3), from the coverage report's target list."""
+    return {t["op"]: int(t["tier"]) for t in load_targets()}
 
 
 def tier(op) -> int | None:
@@ -240,10 +232,4 @@ def tier(op) -> int | None:
 
 
 def target_overloads() -> list:
-    out = []
-    for name in targets():
-        try:
-            out.append(_lookup(name))
-        except ValueError:
-            pass
-    return out
+    return [op for op in map(overload_or_none, targets()) if op is not None]

@@ -2,8 +2,8 @@
 
 known_failures.tsv: one failure per line, tab-separated ``source``, ``key``, ``reason``
 (``#`` starts a comment). ``source`` is ``parity`` (key ``<op overload>|<impl kind>:<impl
-name>``; impl ``runtime:dispatch`` for target ops run through the runtime without a
-registered impl) or ``opinfo`` (key ``<OpInfo name>[.<variant>]|<dtype>``). A listed case
+name>``; for target ops with no registered impl, the route they take:
+``decomp:torch._decomp``, ``twin:<functional op>``, ``runtime:view``, ``none:refused``) or ``opinfo`` (key ``<OpInfo name>[.<variant>]|<dtype>``). A listed case
 that fails is an expected failure; a listed case that passes fails its test (delete the
 line: the list only shrinks); an unlisted failure fails its test.
 

@@ -104,7 +104,7 @@ def test_opinfo(opinfo, dtype, record_property):
     try:
         samples = opinfo.sample_inputs("cpu", dtype, requires_grad=False)
         samples = list(itertools.islice(samples, limit * 4 if limit else None))
-    except Exception as exc:
+    except Exception:
         samples = []
     run = 0
     for sample in samples:

@@ -1,8 +1,9 @@
 """Property-based parity: every impl of every registered op against CPU torch.
 
-One test case per (op overload, impl) in the registry, collected from the registry itself
-(plus target ops from aten_targets.tsv with no registered impl, run through the runtime:
-views, in-place derivation, decompositions). Each case draws calls from the op's family
+One test case per (op overload, impl) in the registry, collected from the registry itself,
+each impl forced in turn; an op with no impl but the runtime's handler, and a target op
+with no registered impl, is one case labelled by the route it takes (``registry.route``:
+a runtime handler, a view, an in-place twin, a decomposition, or the refusal). Each case draws calls from the op's family
 strategy (families.py), runs CPU torch (the reference; a call CPU torch rejects is not a
 case), runs the same call on tpu with the impl forced, and compares values, shapes and
 dtypes (``tpu_kernels.testing.assert_same``: the one tolerance table), mutated arguments,
@@ -28,30 +29,41 @@ import known
 from known import classify
 import strategies as S
 from tpu_kernels import registry
-from tpu_kernels.registry import REGISTRY
+from tpu_kernels.dispatch import meta_args
+from tpu_kernels.registry import REGISTRY, Route
 from tpu_kernels.testing import assert_same, reference_of, reproducer
 
 
-class RuntimeImpl:
-    """Stands for "whatever the runtime does" for target ops with no registered impl."""
-    kind, name = "runtime", "dispatch"
+def label(impl) -> tuple[str, str]:
+    """(kind, name) of a case's impl: a registered impl, or the route an op with none takes."""
+    if not isinstance(impl, Route):
+        return impl.kind, impl.name
+    if impl.impl is not None:
+        return impl.impl.kind, impl.impl.name
+    return ("twin", str(impl.functional)) if impl.kind == "twin" else ("none", impl.kind)
 
 
-RUNTIME = RuntimeImpl()
+def forced(op, impl) -> bool:
+    """Whether the case pins ``impl`` (``registry.force``): a registered impl, not a route."""
+    return not isinstance(impl, Route)
 
 
 def impl_key(op, impl) -> str:
-    return f"{op}|{impl.kind}:{impl.name}"
+    return f"{op}|{':'.join(label(impl))}"
 
 
 def _collect():
     cases = []
+    routed = []   # ops with no impl to force: the route is the case
     for op in sorted(REGISTRY.ops(), key=str):
-        for impl in REGISTRY.impls(op):
-            cases.append(pytest.param(op, impl, id=f"{op}|{impl.kind}:{impl.name}"))
-    for op in sorted(F.target_overloads(), key=str):
-        if not REGISTRY.has(op) and F.family(op) is not None:
-            cases.append(pytest.param(op, RUNTIME, id=f"{op}|runtime"))
+        impls = [i for i in REGISTRY.impls(op) if i.kind != "runtime"]
+        cases += [pytest.param(op, impl, id=impl_key(op, impl)) for impl in impls]
+        if not impls:
+            routed.append(op)
+    routed += [op for op in F.target_overloads() if not REGISTRY.has(op) and F.family(op) is not None]
+    for op in sorted(routed, key=str):
+        route = registry.route(op)
+        cases.append(pytest.param(op, route, id=impl_key(op, route)))
     return cases
 
 
@@ -62,8 +74,9 @@ def n_examples(op, impl) -> int:
     env = os.environ.get("TPU_KERNELS_PARITY_EXAMPLES")
     if env:
         return int(env)
-    kernel = impl.kind in ("pallas", "helion")
-    if impl.kind == "compile":   # test_compiled.py: a compile per example
+    kind = label(impl)[0]
+    kernel = kind in ("pallas", "helion")
+    if kind == "compile":   # test_compiled.py: a compile per example
         return 10 if S.thorough() else 1
     if S.thorough():
         return 20 if kernel else min(settings().max_examples, THOROUGH_EXAMPLES)
@@ -97,25 +110,24 @@ def run_case(op, impl, case: S.Case, stats: dict) -> None:
     except Exception:
         reject()            # CPU torch does not accept this call: not a case
     def force():
-        return registry.force(impl) if call is None and impl is not RUNTIME else contextlib.nullcontext()
+        return registry.force(impl) if call is None and forced(op, impl) else contextlib.nullcontext()
     try:
         _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call or op)
     except UnsatisfiedAssumption:
         raise
     except Exception as exc:
         a, k = case.build("cpu")
-        rep = reproducer(op, a, k, impl if impl is not RUNTIME and call is None else None)
+        rep = reproducer(op, a, k, impl if forced(op, impl) and call is None else None)
         dts = ", ".join(sorted(str(d).replace("torch.", "") for d in case.dtypes()))
-        raise AssertionError(f"{op} impl {impl.kind}:{impl.name}: {type(exc).__name__}: {exc}\n"
+        raise AssertionError(f"{op} impl {':'.join(label(impl))}: {type(exc).__name__}: {exc}\n"
                              f"dtypes: {dts}\n"
                              f"--- reproducer ---\n{rep}\n------------------") from exc
 
 
 def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
     targs, tkw = case.build("tpu")
-    msg = f"{op} impl {impl.kind}:{impl.name}"
-    if call is op and impl is not RUNTIME:
-        from tpu_kernels.dispatch import meta_args
+    msg = f"{op} impl {':'.join(label(impl))}"
+    if call is op and forced(op, impl):
         margs, mkw = meta_args(targs, tkw)
         if impl.check(*margs, **mkw) is not None:   # the impl does not claim these arguments
             stats["refused"] += 1
@@ -130,9 +142,9 @@ def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
         got, want = S.meta_summary(actual), S.meta_summary(expected)
         assert got == want, f"{msg}\nshape/dtype {got} != {want}"
     else:
-        assert_same(expected, actual, msg, op=op)
+        assert_same(expected, actual, msg)
         # mutated arguments (in-place ops; out-of-place ops must not touch their inputs)
-        assert_same(_tensor_args(cargs, ckw), _tensor_args(targs, tkw), f"{msg} (arguments after the call)", op=op)
+        assert_same(_tensor_args(cargs, ckw), _tensor_args(targs, tkw), f"{msg} (arguments after the call)")
     if op.is_view or any(r.alias_info is not None for r in op._schema.returns):
         _check_aliasing(op, cargs, targs, expected, actual, msg)
     if case.grad and grad_wanted(op):
@@ -189,7 +201,7 @@ def _check_grads(op, impl, ref, case, msg, force, call) -> bool:
     ge = [g if g is not None else None for g in ge]
     ga = [None if (e is None) else a for e, a in zip(ge, ga)]
     ge = [torch.zeros_like(l) if (e is None and a is not None) else e for e, a, l in zip(ge, ga, cleaves)]
-    assert_same(list(ge), list(ga), f"{msg}\n(gradients of a random cotangent, seed 1234)", op=op)
+    assert_same(list(ge), list(ga), f"{msg}\n(gradients of a random cotangent, seed 1234)")
     return True
 
 
@@ -204,7 +216,7 @@ def check_case(op, impl, record_property) -> None:
     apply the known-failures list. (The drawing function's source is part of Hypothesis's
     seed: keep its text as it is, or every drawn example changes.)"""
     key = impl_key(op, impl)
-    record = {"record": "impl", "op": str(op), "impl": f"{impl.kind}:{impl.name}", "kind": impl.kind,
+    record = {"record": "impl", "op": str(op), "impl": ":".join(label(impl)), "kind": label(impl)[0],
               "tier": F.tier(op), "registered": REGISTRY.has(op), "family": F.family(op),
               "date": known.now()[:10]}
     strat = F.strategy(op)

@@ -11,38 +11,25 @@ the mesh of the group's devices (``shard_map`` with ``psum``, ``all_gather``,
 parallelism run unchanged, and collectives inside ``torch.compile(backend="tpu")`` graphs
 are ops of the graph's one program. See docs/distributed.md.
 
-Importing ``tpu_kernels`` only registers the backend's name (``install``); the rest loads
-when a ``"tpu"`` process group is created.
+Importing ``tpu_kernels`` registers the backend and the handlers (``install``); JAX's
+distributed runtime starts when the default ``"tpu"`` process group is created.
 """
 from __future__ import annotations
 
-from typing import Any
+import torch.distributed as dist
+
+from tpu_kernels import dispatch, graph_program
+from tpu_kernels.distributed import backend, compiled
 
 BACKEND = "tpu"
-_installed = False
-
-
-def _create(opts: Any, backend_options: Any) -> Any:
-    from tpu_kernels.distributed import backend
-    _register_handlers()
-    return backend.create(opts, backend_options)
-
-
-def _register_handlers() -> None:
-    global _installed
-    if _installed:
-        return
-    from tpu_kernels import dispatch, graph_program
-    from tpu_kernels.distributed import backend, compiled
-    for op, fn in backend.handlers().items():
-        dispatch.register_special(op, fn)
-    graph_program.register_program_hook(compiled.program_hook)
-    _installed = True
 
 
 def install() -> None:
-    """Register c10d backend ``"tpu"`` for tpu (and CPU) tensors. Cheap: names only."""
-    import torch.distributed as dist
+    """Register c10d backend ``"tpu"`` for tpu (and CPU) tensors, the handlers of the c10d
+    and functional collectives on tpu tensors, and the compiled graphs' SPMD program hook."""
     if not dist.is_available() or BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu", "cpu"])
+    for op, fn in backend.handlers().items():
+        dispatch.register_runtime(op, fn)
+    graph_program.register_program_hook(compiled.program_hook)
+    dist.Backend.register_backend(BACKEND, backend.create, extended_api=True, devices=["tpu", "cpu"])

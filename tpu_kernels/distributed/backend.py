@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroupGloo
 
-from tpu_kernels.distributed import groups, world
+# dtensor_ops: importing it registers DTensor's sharding rules for tpu's attention op
+from tpu_kernels.distributed import c10d_ops, dtensor_ops, fsdp, functional, groups, world  # noqa: F401
 
 
 def create(opts: Any, backend_options: Any) -> ProcessGroupGloo:
@@ -30,7 +31,6 @@ def create(opts: Any, backend_options: Any) -> ProcessGroupGloo:
 
 def handlers() -> dict:
     """Every op this package handles on tpu tensors -> its handler."""
-    from tpu_kernels.distributed import c10d_ops, dtensor_ops, fsdp, functional  # noqa: F401
     out = dict(c10d_ops.HANDLERS)
     out.update(functional.handlers())
     out.update(fsdp.install())

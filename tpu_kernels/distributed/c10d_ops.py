@@ -2,7 +2,7 @@
 
 ``dist.all_reduce(t)`` and friends call a ``c10d::*`` op (``c10d::allreduce_``, ...); on a
 tpu tensor it reaches the tensor's ``__torch_dispatch__``, which hands it to the handler
-registered here (``dispatch.register_special``). A handler checks its arguments, checks
+registered here (``dispatch.register_runtime``). A handler checks its arguments, checks
 that every rank passed the same (``checks.agree``), runs the collective as a jitted
 program over the group's devices (``programs.run``), writes the results into the output
 tensors, and returns a ``TpuWork``.
@@ -21,7 +21,7 @@ import torch
 from tpu_kernels import errors
 from tpu_kernels.distributed import checks, groups, programs
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.distributed.work import CollectiveError, TpuWork, failures
+from tpu_kernels.distributed.work import CollectiveError, TpuWork, failures, wait_ready
 from tpu_kernels.tensor import TpuTensor, value, write
 
 c10d = torch.ops.c10d
@@ -404,7 +404,6 @@ def monitored_barrier_(op, args, kwargs) -> None:
     a = bind(op, args, kwargs)
     group = _group(a, "monitored_barrier")
     token = _run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
-    from tpu_kernels.distributed.work import wait_ready
     wait_ready([token], "monitored_barrier", group, a["timeout"] / 1000 if a["timeout"] > 0 else None)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from tpu_kernels.distributed import programs
 from tpu_kernels.distributed.groups import Group
+from tpu_kernels.distributed.work import failures, wait_ready
 
 ENABLED = os.environ.get("TPU_KERNELS_DIST_CHECKS", "1") not in ("", "0")
 _DIMS = 8
@@ -64,7 +65,6 @@ def agree(name: str, params: tuple, tensors: Sequence[torch.Tensor], group: Grou
     returns every rank's ``extra`` integers (``[k, 2k]``; ``None`` when checks are off)."""
     if not ENABLED and not extra:
         return None
-    from tpu_kernels.distributed.work import failures, wait_ready
     row = signature(name, params, tensors, group, extra)
     with failures(name, group):
         gathered = programs.run("all_gather", group.ranks, row)

@@ -17,6 +17,7 @@ import socket
 
 import jax
 import numpy as np
+from jax._src import xla_bridge
 from jax.sharding import Mesh
 
 log = logging.getLogger("tpu_kernels.distributed")
@@ -41,7 +42,6 @@ def _free_port(host: str) -> int:
 
 
 def _jax_started() -> bool:
-    from jax._src import xla_bridge
     return xla_bridge.backends_are_initialized()
 
 

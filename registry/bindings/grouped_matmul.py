@@ -1,0 +1,31 @@
+"""Pallas grouped matmul (MoE experts) bound to ``tpu_kernels::ragged_dot`` and to
+``aten._grouped_mm`` (what ``F.grouped_mm`` reaches) for its 2-D x 3-D case with offsets."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from tpu_kernels.pallas import grouped_matmul as gmm
+from tpu_kernels.registry.decorator import tpu_kernel
+from tpu_kernels.registry.dtypes import to_jax_dtype
+
+
+@tpu_kernel("tpu_kernels::ragged_dot", kind="pallas",
+            supports=lambda lhs, rhs, group_sizes: gmm.supports(
+                lhs.shape, to_jax_dtype(lhs.dtype), rhs.shape, to_jax_dtype(rhs.dtype), group_sizes.shape, to_jax_dtype(group_sizes.dtype)))
+def ragged_dot(lhs, rhs, group_sizes):
+    return gmm.ragged_dot(lhs, rhs, group_sizes)
+
+
+def _grouped_mm_supports(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    if offs is None or mat_a.dim() != 2 or mat_b.dim() != 3:
+        return "only the 2-D x 3-D (tokens x experts) case with offsets"
+    if bias is not None or (out_dtype is not None and out_dtype != mat_a.dtype):
+        return "bias and out_dtype run on the XLA path"
+    return gmm.supports(mat_a.shape, to_jax_dtype(mat_a.dtype), mat_b.shape, to_jax_dtype(mat_b.dtype), offs.shape, to_jax_dtype(offs.dtype))
+
+
+@tpu_kernel("aten::_grouped_mm", kind="pallas", supports=_grouped_mm_supports)
+def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    # offs are the groups' cumulative ends; the kernel takes their sizes
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
+    return gmm.ragged_dot(mat_a, mat_b, sizes)

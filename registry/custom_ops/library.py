@@ -1,0 +1,116 @@
+"""This library's own ops (``torch.ops.tpu_kernels.*``): their schemas (from the type
+hints below), CPU references (plain torch, so the ops also run and are parity-checked on
+CPU) and autograd. Their impls: ``registry/xla/library_ops.py`` (the XLA lowering every
+kernel falls back to) and the Pallas/Helion bindings in ``registry/bindings/``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from tpu_kernels.registry.custom_ops.define import declare_op
+
+
+def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(logits [n, C], target [n])`` in one fused computation (f32 stats)."""
+
+
+def _lce_reference(hidden, weight, target, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    return _ce_reference(hidden @ weight.T, target, None, ignore_index, reduction, label_smoothing)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         ignore_index: int = -100, reduction: str = "mean",
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+    """``cross_entropy(hidden [n, h] @ weight [V, h].T, target)``; the Pallas kernel never
+    materialises the logits, the XLA version does."""
+
+
+def _ragged_dot_reference(lhs, rhs, group_sizes):
+    out = lhs.new_zeros(lhs.shape[0], rhs.shape[-1])
+    start = 0
+    for g, n in enumerate(group_sizes.tolist()):
+        out[start:start + n] = lhs[start:start + n] @ rhs[g]
+        start += n
+    return out
+
+
+def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
+    """Grouped matmul for MoE: rows of ``lhs [m, k]`` sorted by group, ``rhs [g, k, n]``,
+    ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` (the gate of Llama-family MLPs), computed in float32."""
+
+
+def geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(a) * b`` (exact erf GELU, or ``approximate="tanh"``), computed in float32."""
+
+
+def _rope_reference(q, k, cos, sin, interleaved=False):
+    def rot(x):
+        if interleaved:
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack([-x2, x1], dim=-1).reshape(x.shape)
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of ``q``, ``k [b, h, s, d]`` with ``cos``, ``sin [s, d]``:
+    the half-rotation layout (``interleaved=False``) or the interleaved pairs one."""
+
+
+def _rpa_reference(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, scale=None):
+    """Per sequence: its pages as one context, causal attention of its new tokens."""
+    out = torch.zeros_like(q)
+    _, hkv, ps, d = k_pages.shape
+    rep = q.shape[1] // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    for s in range(min(int(num_seqs.reshape(-1)[0]), kv_lens.shape[0])):
+        q0, q1, n = int(cu_q_lens[s]), int(cu_q_lens[s + 1]), int(kv_lens[s])
+        if q1 <= q0:
+            continue
+        pages = page_table[s, :-(-n // ps)].long()
+        k, v = (x[pages].transpose(0, 1).reshape(hkv, -1, d)[:, :n].repeat_interleave(rep, 0)
+                .float() for x in (k_pages, v_pages))
+        qs = q[q0:q1].transpose(0, 1).float()                       # [Hq, q_len, D]
+        pos = torch.arange(n - (q1 - q0), n)[:, None]
+        mask = torch.arange(n)[None, :] <= pos
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+        out[q0:q1] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def ragged_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           kv_lens: torch.Tensor, page_table: torch.Tensor, cu_q_lens: torch.Tensor,
+                           num_seqs: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens ``q [T, Hq, D]`` (sequence s owns rows
+    ``cu_q_lens[s]:cu_q_lens[s+1]``) to its ``kv_lens[s]`` context tokens, kept in pages of
+    ``k_pages, v_pages [N, Hkv, page_size, D]`` listed by ``page_table [S, P]`` (what a
+    serving engine's step runs per layer); the first ``num_seqs [1]`` sequences are live."""
+
+
+CROSS_ENTROPY = declare_op("tpu_kernels::cross_entropy", cross_entropy, reference=_ce_reference, backward="vjp")
+LINEAR_CROSS_ENTROPY = declare_op("tpu_kernels::linear_cross_entropy", linear_cross_entropy,
+                                  reference=_lce_reference, backward="vjp")
+RAGGED_DOT = declare_op("tpu_kernels::ragged_dot", ragged_dot, reference=_ragged_dot_reference, backward="vjp")
+SWIGLU = declare_op("tpu_kernels::swiglu", swiglu, reference=lambda a, b: F.silu(a) * b, backward="vjp")
+GEGLU = declare_op("tpu_kernels::geglu", geglu, backward="vjp",
+                   reference=lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b)
+ROPE = declare_op("tpu_kernels::rope", rope, reference=_rope_reference, backward="vjp")
+RAGGED_PAGED_ATTENTION = declare_op("tpu_kernels::ragged_paged_attention", ragged_paged_attention,
+                                    reference=_rpa_reference)

@@ -1,0 +1,66 @@
+"""Op names: the one parser from a name to an ``OpOverload``, and the naming rules the
+route relies on (the in-place twin of ``add_`` is ``add``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+
+def lookup_op(name: str | Any) -> Any:
+    """``"aten::add.Tensor"``, ``"aten.add.Tensor"``, ``"aten::add"`` or an OpOverload(Packet)."""
+    if not isinstance(name, str):
+        return name
+    ns, _, rest = name.replace("::", ".").partition(".")
+    base, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, ns), base)
+    except (AttributeError, RuntimeError) as exc:
+        raise ValueError(f"unknown op {name!r}: torch.ops.{ns}.{base} does not exist") from exc
+    if not overload:
+        return packet
+    try:
+        return getattr(packet, overload)
+    except AttributeError as exc:
+        raise ValueError(f"unknown overload {name!r}; {ns}::{base} has {packet.overloads()}") from exc
+
+
+def resolve_overload(name: Any) -> Any:
+    """An OpOverload from a name; a bare packet means its ``.default`` overload."""
+    op = lookup_op(name)
+    if hasattr(op, "overloads"):  # a packet
+        if "default" in op.overloads():
+            return op.default
+        raise ValueError(
+            f"op {name!r} has several overloads {op.overloads()}; name one, e.g. "
+            f"\"{name}.{op.overloads()[0]}\"")
+    return op
+
+
+def overload_or_none(name: str) -> OpOverload | None:
+    """The overload ``name`` names, or None when this torch build has no such overload."""
+    try:
+        op = lookup_op(name)
+    except ValueError:
+        return None
+    return op if isinstance(op, OpOverload) else None
+
+
+def namespace(op: OpOverload) -> str:
+    return op._schema.name.split("::")[0]
+
+
+def base_name(op: OpOverload) -> str:
+    """The packet's name without its namespace: ``add_`` for ``aten::add_.Tensor``."""
+    return op._schema.name.split("::")[1]
+
+
+def functional_twin(op: OpOverload) -> OpOverload | None:
+    """``aten::add`` for ``aten::add_`` (same overload), ``_foreach_add`` for
+    ``_foreach_add_``; None when ``op`` is not in place or has no twin."""
+    name = base_name(op)
+    if not name.endswith("_") or name.startswith("__"):
+        return None
+    packet = getattr(getattr(torch.ops, namespace(op)), name[:-1], None)
+    return getattr(packet, op._overloadname, None) if packet is not None else None

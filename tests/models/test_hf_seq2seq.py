@@ -1,0 +1,30 @@
+"""More encoder-decoder models (transformers, tiny, random weights) on tpu vs CPU; T5,
+BART and Whisper are in test_hf_encoders.py."""
+from __future__ import annotations
+
+import pytest
+import transformers as tf
+
+from model_harness import Case, check_forward, check_train_step
+from tiny import BART_LIKE, H, I, L, NH, V, build, seq2seq
+
+CASES = [
+    Case("mbart", build(tf.MBartForConditionalGeneration, tf.MBartConfig, **BART_LIKE), seq2seq),
+    Case("pegasus", build(tf.PegasusForConditionalGeneration, tf.PegasusConfig, decoder_start_token_id=0,
+                          **BART_LIKE), seq2seq),
+    Case("marian", build(tf.MarianMTModel, tf.MarianConfig, decoder_start_token_id=0, pad_token_id=0,
+                         **BART_LIKE), seq2seq),
+    Case("mt5", build(tf.MT5ForConditionalGeneration, tf.MT5Config, vocab_size=V, d_model=H, d_kv=8, d_ff=I,
+                      num_layers=L, num_heads=NH, dropout_rate=0.0, decoder_start_token_id=0,
+                      relative_attention_num_buckets=8), seq2seq),
+]
+
+
+@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
+def test_forward(case):
+    check_forward(case)
+
+
+@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
+def test_train_step(case):
+    check_train_step(case)

@@ -1,0 +1,83 @@
+"""``python -m tpu_kernels aot``: compile for a TPU chip on this machine and report.
+
+    python -m tpu_kernels aot --model tpu_kernels.aot.configs:llama_small --chip v6e
+    python -m tpu_kernels aot --model llama3-8b --chip v5e,v6e,v7x
+    python -m tpu_kernels aot --kernels --chip v5e,v6e,v7x
+
+``--model`` compiles one training step (the model's ``torch.compile(backend="tpu")``
+forward and backward graphs and the fused AdamW step) and prints HBM, the Mosaic kernels
+inside, XLA's estimated step time and the MFU it implies. ``--kernels`` compiles every
+Pallas and Helion kernel at production shapes and prints the kernel x chip table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tpu_kernels.pallas import tpu_info
+from tpu_kernels.aot import topology
+from tpu_kernels.aot.check import check_kernels, table
+from tpu_kernels.aot.training import compile_model, load
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="MODULE:FACTORY",
+                      help="a factory returning a tpu_kernels.aot.configs.ModelSpec, or one "
+                           "of: gpt, llama-small, qwen3-moe-small, llama3-8b")
+    what.add_argument("--kernels", action="store_true",
+                      help="every Pallas/Helion kernel at production shapes")
+    parser.add_argument("--chip", default="v6e",
+                        help=f"chip(s), comma-separated, of {sorted(tpu_info.CHIPS)} "
+                             "(default v6e)")
+    parser.add_argument("--thorough", action="store_true",
+                        help="with --kernels: the longer list of kernel cases too")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main_args(args: argparse.Namespace) -> int:
+    reason = topology.unavailable_reason()
+    if reason:
+        print(f"aot: {reason}", file=sys.stderr)
+        return 2
+    chips = [tpu_info.chip(c).name for c in args.chip.split(",") if c]
+    if args.kernels:
+        return _kernels(chips, args)
+    return _model(args.model, chips, args)
+
+
+def _kernels(chips: list[str], args: argparse.Namespace) -> int:
+    def progress(r):
+        print(f"  {r.kernel:24s} {r.chip:4s} {r.seconds:6.1f} s  {r.cell()}", file=sys.stderr,
+              flush=True)
+    results = check_kernels(chips, thorough=args.thorough, progress=progress)
+    if args.json:
+        print(json.dumps([dict(kernel=r.kernel, chip=r.chip, ok=r.ok, reason=r.reason,
+                               vmem_bytes=r.vmem_bytes, seconds=round(r.seconds, 2))
+                          for r in results], indent=1))
+    else:
+        print(table(results))
+        print(f"\ncompile time of the set: {sum(r.seconds for r in results):.0f} s")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _model(target: str, chips: list[str], args: argparse.Namespace) -> int:
+    reports = compile_model(load(target), chips)
+    if args.json:
+        print(json.dumps([_report_json(r) for r in reports], indent=1))
+    else:
+        print("\n\n".join(r.format() for r in reports))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _report_json(r) -> dict:
+    return dict(model=r.model, chip=r.chip, params=r.params, tokens=r.tokens,
+                model_flops=r.model_flops, step_seconds=r.step_seconds,
+                peak_hbm_bytes=r.peak_hbm_bytes, mfu=r.mfu, failures=dict(r.failures),
+                programs=[dict(kind=k, argument_bytes=s.argument_bytes,
+                               output_bytes=s.output_bytes, temp_bytes=s.temp_bytes,
+                               alias_bytes=s.alias_bytes, optimal_seconds=s.optimal_seconds,
+                               compile_seconds=s.compile_seconds,
+                               kernels=sorted({k.name for k in s.kernels}))
+                          for k, s in r.programs])

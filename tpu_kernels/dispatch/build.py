@@ -1,0 +1,73 @@
+"""A call signature seen for the first time: ask the route what runs, run torch's meta
+function for the result's metadata, and build the ``CompiledCall`` every later call with
+this signature reuses."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tpu_kernels.dispatch.cache import CompiledCall
+from tpu_kernels.dispatch.fallback import decomposition_runner, run_on_cpu
+from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
+from tpu_kernels.dispatch.memory import guard_memory
+from tpu_kernels.dispatch.meta import meta_args, meta_call, meta_result, out_metas
+from tpu_kernels.dispatch.plan import OpPlan
+from tpu_kernels.registry import Route
+from tpu_kernels.registry.opnames import functional_twin
+from tpu_kernels.registry.route import call_route
+
+log = logging.getLogger("tpu_kernels.dispatch")
+
+
+def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
+    op = plan.op
+    margs, mkwargs = meta_args(args, kwargs)
+    r = call_route(op, margs, mkwargs)
+    if r.kind == "refused":
+        raise r.error()
+    if r.kind in ("decomp", "cpu"):
+        torch_fn = decomposition_runner(r.impl.fn) if r.kind == "decomp" else run_on_cpu
+        return CompiledCall(r.impl, None, plan, None, [], torch_fn=torch_fn)
+    impl = r.impl
+    if impl.data_dependent:
+        return CompiledCall(impl, eager_fn(impl, targs, tkw), plan, None, [])
+    result_meta = meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
+    outs = out_metas(result_meta)
+    guard_memory(op, outs)
+    # a twin's impl returns what the functional op returns
+    func_outs = out_metas(meta_call(r.functional, args, kwargs)) if r.kind == "twin" else outs
+    _check_inplace_cast(op, plan, args, kwargs)
+    write_dtypes = [_mutated_dtype(plan.arg(i, args, kwargs)) for i in plan.mutated]
+    fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
+    _log(r)
+    return CompiledCall(impl, fn, plan, result_meta, write_dtypes)
+
+
+def _log(r: Route) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s -> %s %s (skipped: %s)", r.op, r.kind, r.impl, [(i.name, why) for i, why in r.skipped])
+
+
+def _check_inplace_cast(op, plan: OpPlan, args, kwargs) -> None:
+    """``int_tensor.mul_(2.5)``: torch's CPU kernels refuse a result type that cannot be cast
+    back into ``self``; its meta functions do not check, so the check is here."""
+    if not plan.mutated or plan.mutated[0] != 0 or not isinstance(args[0], torch.Tensor):
+        return
+    functional = functional_twin(op)
+    if functional is None:
+        return
+    try:
+        result = meta_call(functional, args, kwargs)
+    except Exception:  # the twin does not take these arguments: nothing to compare
+        return
+    first = result[0] if isinstance(result, (tuple, list)) else result
+    if isinstance(first, torch.Tensor) and not torch.can_cast(first.dtype, args[0].dtype):
+        raise RuntimeError(f"{op}: result type {first.dtype} can't be cast to the desired output "
+                           f"type {args[0].dtype}")
+
+
+def _mutated_dtype(v):
+    if isinstance(v, (list, tuple)):
+        return [x.dtype if x is not None else None for x in v]
+    return v.dtype if v is not None else None

@@ -1,0 +1,53 @@
+"""What the dispatcher asks while a compiled graph is being traced into one program.
+
+Eager ops draw a fresh key from the device generator, report device-side check flags to
+``errors.watch`` and return contiguous results. Inside a compiled graph (one
+``jax.jit``) they must instead take keys from the graph's traced key input, return their
+flags as the graph's outputs, and give results torch's strides (the graph's later views
+were recorded against them). The compile layer owns one ``GraphTrace`` per trace and
+enters it with ``tracing``; nothing else writes this state.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass
+class GraphTrace:
+    """The state of one graph trace: the key source, the check sink, the stride policy."""
+    key_data: jax.Array            # traced (seed low, seed high, counter) of the graph's first random op
+    random_ops: int = 0            # random ops traced so far (each takes the next counter)
+    checks: list = dataclasses.field(default_factory=list)   # (flags, op, checks) per checked op
+    torch_strides: bool = True     # results take the strides torch's meta functions give
+
+    def next_key_data(self) -> jax.Array:
+        kd = self.key_data + jnp.array([0, 0, self.random_ops], jnp.uint32)
+        self.random_ops += 1
+        return kd
+
+    def add_checks(self, flags: Any, op: str, checks: list) -> None:
+        self.checks.append((flags, op, checks))
+
+
+_local = threading.local()
+
+
+def active() -> GraphTrace | None:
+    """The graph trace this thread is in, or None (eager)."""
+    return getattr(_local, "trace", None)
+
+
+@contextlib.contextmanager
+def tracing(trace: GraphTrace) -> Iterator[GraphTrace]:
+    old = getattr(_local, "trace", None)
+    _local.trace = trace
+    try:
+        yield trace
+    finally:
+        _local.trace = old

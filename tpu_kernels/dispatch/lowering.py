@@ -1,0 +1,91 @@
+"""The function one call signature runs: the template filled with the call's leaves, the
+impl traced under the lowering context (result metadata, PRNG key, check flags), its
+results cast to the dtypes torch's meta function says."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from tpu_kernels import random_state
+from tpu_kernels.dispatch.cache import TRACES
+from tpu_kernels.dispatch.plan import OpPlan
+from tpu_kernels.dispatch.signature import fill_call
+from tpu_kernels.registry import Impl
+from tpu_kernels.registry.context import Call, lowering
+from tpu_kernels.registry.dtypes import to_jax_dtype
+
+
+def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes) -> Callable:
+    """The jitted function for one call signature: fills the template, lowers, casts.
+    It returns (results, check flags or None); ``.checks`` says what each flag means."""
+    n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
+    expect = [m for m in outs] if not plan.mutated else None
+
+    def lowered(*dyn):
+        TRACES[op] = TRACES.get(op, 0) + 1
+        key = None
+        if impl.random:
+            *dyn, kd = dyn
+            key = random_state.key_from_data(kd)
+        a, kw = fill_call(targs, tkw, dyn)
+        call = Call(tuple(func_outs), key)
+        with lowering(call):
+            result = impl.fn(*a, **kw)
+        if plan.mutated:
+            result = _cast_mutations(op, impl, result, write_dtypes, n_alias_free, outs)
+        else:
+            result = _cast_outputs(op, impl, result, expect)
+        checks[:] = [(exc, msg) for _, exc, msg in call.checks]
+        flags = jax.numpy.stack([bad for bad, _, _ in call.checks]) if call.checks else None
+        return result, flags
+
+    checks: list = []   # filled at trace time: what each flag means
+    jitted = jax.jit(lowered)
+    jitted.checks = checks
+    return jitted
+
+
+def eager_fn(impl: Impl, targs, tkw) -> Callable:
+    """A data-dependent impl (its result shape needs values) runs unjitted."""
+    def call(*dyn):
+        a, kw = fill_call(targs, tkw, dyn)
+        return impl.fn(*a, **kw)
+    return call
+
+
+def flatten(x: Any) -> list:
+    if isinstance(x, (list, tuple)):
+        out = []
+        for y in x:
+            out.extend(flatten(y))
+        return out
+    return [x]
+
+
+def _cast_outputs(op, impl, result, expect):
+    flat = flatten(result)
+    if len(flat) != len(expect):
+        raise RuntimeError(f"{op}: impl {impl.name} ({impl.kind}) returned {len(flat)} outputs, torch expects {len(expect)}")
+    out = []
+    for r, m in zip(flat, expect):
+        if m is None or r is None:
+            out.append(r)
+            continue
+        if tuple(r.shape) != m.shape:
+            raise RuntimeError(
+                f"{op}: impl {impl.name} ({impl.kind}) returned shape {tuple(r.shape)}, torch's meta "
+                f"function says {m.shape}: this is a bug in the impl")
+        out.append(r.astype(to_jax_dtype(m.dtype)) if r.dtype != to_jax_dtype(m.dtype) else r)
+    return out
+
+
+def _cast_mutations(op, impl, result, write_dtypes, alias_free, outs):
+    """Impls of ops with mutated args return (*alias-free returns, *new values of mutated args)."""
+    flat = flatten(result)
+    n_ret = len(alias_free)
+    rets = _cast_outputs(op, impl, flat[:n_ret], [outs[i] for i in alias_free]) if n_ret else []
+    muts = []
+    for v, dt in zip(flat[n_ret:], flatten(write_dtypes)):
+        muts.append(None if v is None or dt is None else v.astype(to_jax_dtype(dt)))
+    return rets + muts

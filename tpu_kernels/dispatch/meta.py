@@ -1,0 +1,84 @@
+"""Meta arguments and results: torch's meta functions are the source of truth for a
+result's shape and dtype (and give torch's own error for bad arguments)."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import torch
+
+from tpu_kernels.dispatch.plan import op_plan
+from tpu_kernels.dispatch.signature import fill_call, split
+from tpu_kernels.registry import Impl
+from tpu_kernels.registry.context import Call, OutMeta, lowering
+from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
+from tpu_kernels.tensor import TpuTensor
+
+
+def _to_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if isinstance(v, TpuTensor):
+            base = torch.empty(v._tpu_storage.numel, dtype=v.dtype, device="meta")
+            return base.as_strided(v.shape, v.stride(), v.storage_offset())
+        return v  # CPU scalar tensors (and foreach `scalars`) stay on the CPU, as torch wants
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_meta(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("meta")
+    return v
+
+
+def meta_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with tpu tensors as meta tensors of the same geometry (what ``supports``
+    predicates and torch's meta functions see)."""
+    return tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
+
+
+def meta_call(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``op`` run on the call's meta arguments: torch's meta result."""
+    margs, mkwargs = meta_args(args, kwargs)
+    return op(*margs, **mkwargs)
+
+
+def out_metas(out: Any) -> list[OutMeta | None]:
+    flat: list[OutMeta | None] = []
+
+    def visit(x):
+        if isinstance(x, torch.Tensor):
+            flat.append(OutMeta(tuple(x.shape), x.dtype))
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        else:
+            flat.append(None)
+    visit(out)
+    return flat
+
+
+def meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> Any:
+    """torch's meta result (shapes, dtypes, and torch's own error for bad arguments).
+
+    An op with no meta kernel takes its result's metadata from the impl, traced
+    abstractly; an impl that needs torch's metadata to trace cannot run such an op.
+    """
+    try:
+        return op(*margs, **mkwargs)
+    except (NotImplementedError, AttributeError, TypeError) as exc:
+        # no meta kernel, or a meta kernel that breaks on valid input (e.g. reading the
+        # device of a None bias): take the metadata from the impl instead
+        if isinstance(exc, NotImplementedError) and "Meta" not in str(exc):
+            raise
+        dyn = [jax.ShapeDtypeStruct(tuple(v.shape), to_jax_dtype(v.dtype)) if isinstance(v, torch.Tensor)
+               else v for v in split(op_plan(op), args, kwargs, impl.static)[0].leaves]
+
+        def abstract(*leaves):
+            a, kw = fill_call(targs, tkw, leaves)
+            with lowering(Call((), None)):
+                return impl.fn(*a, **kw)
+        try:
+            out = jax.eval_shape(abstract, *dyn)
+        except Exception:
+            raise NotImplementedError(
+                f"{op} has no meta kernel in torch and its impl {impl.name} needs one to trace; "
+                f"register one with torch.library.register_fake") from exc
+        return jax.tree.map(lambda a: torch.empty(a.shape, dtype=to_torch_dtype(a.dtype), device="meta"), out)

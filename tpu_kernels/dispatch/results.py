@@ -1,0 +1,91 @@
+"""An op's results as torch wants them: new tpu tensors wrapped around the jax results,
+aliased inputs returned as themselves, mutated arguments written in place."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import torch
+
+from tpu_kernels import strided
+from tpu_kernels.dispatch.cache import CompiledCall
+from tpu_kernels.dispatch.lowering import flatten
+from tpu_kernels.dispatch.plan import OpPlan
+from tpu_kernels.storage import Storage, to_dense
+from tpu_kernels.tensor import TpuTensor, wrap, write
+
+
+def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
+    """The op's returns from the impl's output ``out``; mutated arguments written."""
+    plan = compiled.plan
+    eager = compiled.impl.data_dependent
+    if not plan.mutated:
+        return wrap_tree(out) if eager else _wrap_like(compiled.result_meta, iter(out))
+    alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
+    it = iter(flatten(out) if eager else out)
+    rets = [next(it) for _ in alias_free]
+    for i in plan.mutated:
+        target = plan.arg(i, args, kwargs)
+        if isinstance(target, (list, tuple)):
+            for t in target:
+                v = next(it)
+                if t is not None and v is not None:
+                    write(t, v)
+        else:
+            v = next(it)
+            if target is not None and v is not None:
+                write(target, v)
+    return returns(plan, args, kwargs, compiled.result_meta, rets)
+
+
+def returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:
+    """Rebuild the op's returns: aliased inputs as themselves, the rest wrapped."""
+    n = len(plan.alias_returns)
+    if n == 0:
+        return None
+    it = iter(rets)
+    if result_meta is None:  # eager (data-dependent) impl: no torch metadata
+        metas = [None] * n
+    else:
+        metas = result_meta if n > 1 else (result_meta,)
+    out = []
+    for a, m in zip(plan.alias_returns, metas):
+        if a is not None:
+            out.append(plan.arg(a, args, kwargs))
+        else:
+            out.append(_wrap_like(m, it))
+    return tuple(out) if n > 1 else out[0]
+
+
+def _wrap_like(meta: Any, it) -> Any:
+    if meta is None:
+        return wrap_tree(next(it))
+    if isinstance(meta, torch.Tensor):
+        return wrap_result(next(it), meta)
+    if isinstance(meta, (list, tuple)):
+        return type(meta)(_wrap_like(m, it) for m in meta)
+    v = next(it)
+    return v.item() if hasattr(v, "item") else v
+
+
+def wrap_tree(out: Any) -> Any:
+    if isinstance(out, (list, tuple)):
+        return type(out)(wrap_tree(x) for x in out)
+    if isinstance(out, jax.Array):
+        return wrap(out)
+    return out
+
+
+def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
+    """An op's result, with the strides torch's meta function gave: a compiled graph's later
+    views (recorded by AOTAutograd against those strides) and DTensor (which keeps the
+    meta's strides as the global tensor's and views local tensors by them) must cut the
+    same elements. Nearly every result is contiguous; attention outputs and their
+    gradients are not (they follow the query's layout, as torch's kernels do)."""
+    stride = meta.stride()
+    if stride == strided.contiguous_strides(tuple(array.shape)):
+        return wrap(array, meta.dtype)
+    order = strided.memory_order(tuple(array.shape), stride)
+    if order is None:   # not a dense layout (torch's meta functions rarely say so)
+        return wrap(array, meta.dtype)
+    return TpuTensor(Storage(to_dense(array, order)), array.shape, stride, 0, meta.dtype)

@@ -1,0 +1,85 @@
+"""The hot path: an ATen call on tpu tensors -> its route -> a cached jitted call -> tensors.
+
+``run`` is what every tpu tensor's ``__torch_dispatch__`` calls, the single seam where an
+op is executed or (in deferred mode) recorded. An op a runtime handler takes goes to the
+handler. Every other call is split into a signature and its leaves; the first call with
+a signature builds a ``CompiledCall`` (``build.py``); every later call only unwraps,
+calls, and wraps.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._ops import OpOverload
+
+from tpu_kernels import errors, lazy, random_state
+from tpu_kernels.dispatch import cache, graph_trace
+from tpu_kernels.dispatch.build import build
+from tpu_kernels.dispatch.cache import mode_token
+from tpu_kernels.dispatch.plan import op_plan
+from tpu_kernels.dispatch.results import finish
+from tpu_kernels.dispatch.signature import leaf_value, split
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry.route import runtime_route
+
+_HANDLERS: dict[Any, tuple[int, Callable | None]] = {}   # op -> (registry epoch, its runtime handler)
+
+
+def _handler(op: OpOverload) -> Callable | None:
+    hit = _HANDLERS.get(op)
+    if hit is not None and hit[0] == REGISTRY.epoch:
+        return hit[1]
+    r = runtime_route(op)
+    fn = r.impl.fn if r is not None else None
+    _HANDLERS[op] = (REGISTRY.epoch, fn)
+    return fn
+
+
+def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
+    if errors.pending() and not errors.on_worker_thread():
+        errors.raise_pending()
+    handler = _handler(op)
+    if handler is not None:
+        return handler(op, args, kwargs)
+    return run_call(op, args, kwargs)
+
+
+def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Run one call through its signature's ``CompiledCall`` (the route after runtime
+    handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
+    refusal). A runtime handler hands calls it does not take itself on to here."""
+    plan = op_plan(op)
+    sp, targs, tkw = split(plan, args, kwargs)
+    key = (op, targs, tkw, tuple(sp.sig), mode_token())
+    calls = cache.CALLS
+    compiled = calls.get(key)
+    if compiled is None:
+        compiled = calls.put(key, build(plan, args, kwargs, targs, tkw))
+    if compiled.impl.static:  # this impl needs some scalars' values: key on them too
+        sp, targs, tkw = split(plan, args, kwargs, compiled.impl.static)
+        key = (key, targs, tkw)
+        compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw))
+    compiled.calls += 1
+    if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
+        return compiled.torch_fn(op, args, kwargs)
+    dyn = [leaf_value(v) for v in sp.leaves]
+    if compiled.impl.random:
+        trace = graph_trace.active()
+        dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1))
+    if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
+        return finish(compiled, args, kwargs, compiled.fn(*[lazy.concrete(d) for d in dyn]))
+    try:
+        out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else compiled.fn(*dyn)
+    except Exception as exc:  # XLA could not allocate: say so the way torch does
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
+        raise torch.OutOfMemoryError(f"{op}: out of memory on the tpu device: {exc}") from exc
+    if flags is not None:
+        trace = graph_trace.active()
+        if trace is not None:   # traced: the flags become outputs of the compiled graph
+            trace.add_checks(flags, str(op), compiled.fn.checks)
+        else:
+            errors.watch(flags, str(op), compiled.fn.checks)
+    return finish(compiled, args, kwargs, out)

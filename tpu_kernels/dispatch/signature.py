@@ -1,0 +1,96 @@
+"""A call split into its signature (hashable: the cache key's body) and its dynamic leaves
+(tensors and traced scalars, passed to the jitted function)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, OpPlan
+from tpu_kernels.storage import to_jax
+from tpu_kernels.tensor import TpuTensor, read
+
+
+def freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(freeze(x) for x in v)
+    if isinstance(v, torch.Tensor):  # a tensor in a non-tensor slot (rare): key by identity
+        return ("tensor", id(v))
+    return v
+
+
+def device_error(op, t: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:0 and {t.device}! (when checking arguments for {op})")
+
+
+class Split:
+    """A call split into a hashable template and its dynamic leaves."""
+    __slots__ = ("leaves", "sig", "op", "static_scalars")
+
+    def __init__(self, op, static_scalars):
+        self.leaves: list[Any] = []
+        self.sig: list[Any] = []
+        self.op = op
+        self.static_scalars = static_scalars
+
+    def conv(self, kind: str, name: str, v: Any) -> Any:
+        if kind == TENSOR:
+            if v is None:
+                return None
+            if isinstance(v, TpuTensor):
+                self.leaves.append(v)
+                self.sig.append((v.shape, v.dtype))
+                return SLOT
+            if isinstance(v, torch.Tensor):
+                # CPU scalar tensors mix like in torch; foreach ops take a CPU `scalars` list
+                if v.device.type != "cpu" or (v.dim() != 0 and name != "scalars"):
+                    raise device_error(self.op, v)
+                self.leaves.append(v)  # a CPU scalar tensor mixes like in torch
+                self.sig.append(("cpu", v.shape, v.dtype))
+                return SLOT
+            if type(v) in (int, float, bool):  # a wrapped number in a Tensor slot (x / 2.0)
+                self.leaves.append(v)
+                self.sig.append(type(v))
+                return SLOT
+            return freeze(v)
+        if kind == TENSOR_LIST:
+            return None if v is None else tuple(self.conv(TENSOR, name, x) for x in v)
+        if kind == SCALAR_LIST and isinstance(v, (list, tuple)):
+            return tuple(self.conv(SCALAR, name, x) for x in v)
+        if kind == SCALAR and type(v) in (int, float, bool) and name not in self.static_scalars:
+            self.leaves.append(v)
+            self.sig.append(type(v))
+            return SLOT
+        return freeze(v)
+
+
+def split(plan: OpPlan, args: tuple, kwargs: dict, static_scalars: tuple[str, ...] = ()) -> tuple[Split, tuple, tuple]:
+    s = Split(plan.op, static_scalars)
+    kinds, names = plan.pos_kinds, plan.names
+    targs = tuple(s.conv(kinds[i], names[i], a) for i, a in enumerate(args))
+    tkw = tuple((k, s.conv(plan.kw_kinds.get(k, STATIC), k, v)) for k, v in kwargs.items())
+    return s, targs, tkw
+
+
+def fill(template: Any, it) -> Any:
+    if template is SLOT:
+        return next(it)
+    if type(template) is tuple:
+        return tuple(fill(x, it) for x in template)
+    return template
+
+
+def fill_call(targs: tuple, tkw: tuple, leaves) -> tuple[tuple, dict]:
+    """The call's arguments again: the template with ``leaves`` in its slots."""
+    it = iter(leaves)
+    return fill(targs, it), dict((k, fill(v, it)) for k, v in tkw)
+
+
+def leaf_value(v: Any) -> Any:
+    if isinstance(v, TpuTensor):
+        return read(v)
+    if isinstance(v, torch.Tensor):
+        return to_jax(v)
+    return v

@@ -1,0 +1,60 @@
+"""Copies between the host and the tpu device, and ``.item()``: the points where a value
+leaves the device (device-side errors are raised first, as CUDA raises its asserts)."""
+from __future__ import annotations
+
+import torch
+
+from tpu_kernels import errors
+from tpu_kernels.dispatch import run_call
+from tpu_kernels.registry import runtime_handler
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.storage import to_jax, to_torch
+from tpu_kernels.tensor import TpuTensor, read, value, write
+
+
+@runtime_handler("aten::_local_scalar_dense")
+def local_scalar_dense(op, args, kwargs):
+    errors.raise_pending()
+    return value(args[0]).item()
+
+
+@runtime_handler("aten::_to_copy")
+def to_copy(op, args, kwargs):
+    """``t.to("cpu")`` copies to the host here; anything else (dtype casts on the device)
+    runs the registered ``_to_copy`` impl."""
+    x = args[0]
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        errors.raise_pending()
+        out = to_torch(read(x), x.dtype)
+        dtype = kwargs.get("dtype")
+        return out.to(dtype) if dtype is not None and dtype != out.dtype else out
+    kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    return run_call(op, args, kwargs)
+
+
+@runtime_handler("aten::copy_")
+def copy_(op, args, kwargs):
+    """Copies crossing the host boundary run here; tpu -> tpu runs the registered impl."""
+    dst, src = args[0], args[1]
+    if not isinstance(dst, TpuTensor):        # tpu -> cpu
+        errors.raise_pending()
+        dst.copy_(to_torch(read(src), src.dtype))
+        return dst
+    if not isinstance(src, TpuTensor):        # cpu -> tpu
+        return copy_into(dst, src)
+    return run_call(op, args, kwargs)
+
+
+@runtime_handler("aten::_copy_from", catch_at="PrivateUse1")
+def copy_from(op, args, kwargs):
+    """CPU -> tpu copies torch routes through ``_copy_from`` (e.g. list indices); not
+    ``dst.copy_``: torch would route it back here."""
+    return copy_into(args[1], args[0])
+
+
+def copy_into(dst: TpuTensor, src: torch.Tensor) -> TpuTensor:
+    """Copy a CPU tensor into a tpu tensor (broadcast, cast), in place."""
+    new = to_jax(src)
+    write(dst, new.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else new)
+    return dst

@@ -1,0 +1,68 @@
+"""Composite torch calls the tpu device runs as one op.
+
+``F.scaled_dot_product_attention`` picks its kernel through a C++ choice function that
+a Python backend cannot register, so on tpu it would always take the math path (mask
+building, two bmm, softmax). Catching ``scaled_dot_product_attention`` at
+``AutogradPrivateUse1`` sends it to ``_scaled_dot_product_flash_attention_for_cpu``, one
+fused op each way (its backward is torch's own derivative formula), which the registry
+runs as the Pallas flash kernel or the fused XLA lowering. Dropout takes the math path.
+
+``F.cross_entropy`` is CompositeImplicitAutograd: torch would split it into
+``log_softmax`` + ``nll_loss`` before the tpu tensor sees it, and the fused kernels
+(one pass over the vocabulary) could never run. Catching ``cross_entropy_loss`` at the
+``AutogradPrivateUse1`` key takes the whole call on tpu tensors to
+``tpu_kernels::cross_entropy`` (which has its own autograd); anything the fused op does
+not cover (probability targets, spatial [N, C, d...] inputs) takes torch's own
+decomposition, unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from tpu_kernels.registry import runtime_handler
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+aten = torch.ops.aten
+
+
+def _cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-100,
+                        label_smoothing=0.0):
+    if input.dim() == 2 and not target.dtype.is_floating_point and target.dim() == 1:
+        return torch.ops.tpu_kernels.cross_entropy(input, target, weight, ignore_index,
+                                                   _REDUCTIONS[reduction], label_smoothing)
+    return aten.cross_entropy_loss.default.decompose(input, target, weight, reduction,
+                                                     ignore_index, label_smoothing)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    gqa_ok = query.shape[-3] == key.shape[-3] or enable_gqa
+    # the fused op's derivative gives no gradient to the mask (T5's learned position bias
+    # needs one): a mask that requires grad takes the math path
+    mask_ok = attn_mask is None or not (attn_mask.requires_grad and torch.is_grad_enabled())
+    fusable = dropout_p == 0.0 and query.dim() == 4 and gqa_ok and not (is_causal and attn_mask is not None)
+    if fusable and value.shape[-1] != query.shape[-1]:
+        # multi-head latent attention (DeepSeek-V2/V3, MiniCPM3): the CPU flash op requires
+        # one head size (torch's CPU math path handles this case); the overrideable fused
+        # op's meta function gives the output value's head size, and its derivative gives
+        # the mask's gradient too
+        return aten._scaled_dot_product_fused_attention_overrideable(
+            query, key, value, attn_mask, 0.0, is_causal, scale=scale)[0]
+    if fusable and mask_ok:
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf"))
+        return aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+@runtime_handler("aten::cross_entropy_loss", catch_at="AutogradPrivateUse1")
+def cross_entropy_loss(op, args, kwargs):
+    return _cross_entropy_loss(*args, **kwargs)
+
+
+@runtime_handler("aten::scaled_dot_product_attention", catch_at="AutogradPrivateUse1")
+def scaled_dot_product_attention(op, args, kwargs):
+    return _sdpa(*args, **kwargs)

@@ -1,0 +1,70 @@
+"""In-place ops that change a tensor's metadata, not its values: ``as_strided_``,
+``squeeze_``, ``unsqueeze_``, ``transpose_``, ``t_``, ``swapdims_``, ``resize_``, ``resize_as_``.
+
+A lowering returns values; these ops instead re-point ``self`` at a new geometry of its
+storage (or, for a growing ``resize_``, at a new storage holding the old values first).
+``tensor.repoint`` swaps the wrapper's sizes and strides in place, so every reference to
+``self`` sees the change, as in torch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import torch
+
+from tpu_kernels import strided
+from tpu_kernels.dispatch import run
+from tpu_kernels.registry import register_runtime, runtime_handler
+from tpu_kernels.storage import Storage
+from tpu_kernels.tensor import TpuTensor, repoint
+
+aten = torch.ops.aten
+
+# in-place op -> its functional op, a view: the in-place op takes the view
+_VIEW_TWINS = {
+    aten.as_strided_.default: aten.as_strided.default,
+    aten.squeeze_.default: aten.squeeze.default, aten.squeeze_.dim: aten.squeeze.dim,
+    aten.squeeze_.dims: aten.squeeze.dims, aten.unsqueeze_.default: aten.unsqueeze.default,
+    aten.transpose_.default: aten.transpose.int, aten.t_.default: aten.t.default,
+    aten.swapdims_.default: aten.transpose.int, aten.swapaxes_.default: aten.transpose.int,
+}
+
+
+def _view_inplace(functional: Any) -> Callable:
+    """``foo_`` whose functional ``foo`` is a view: take the view, re-point ``self`` at it."""
+    def view_inplace(op, args, kwargs):
+        return repoint(args[0], run(functional, args, kwargs))
+    return view_inplace
+
+
+for _inplace, _functional in _VIEW_TWINS.items():
+    register_runtime(_inplace, _view_inplace(_functional))
+
+
+@runtime_handler("aten::resize_")
+def resize_(op, args, kwargs):
+    self, size = args[0], tuple(args[1])
+    need = math.prod(size)
+    st = self._tpu_storage
+    if need <= st.numel - self.storage_offset():
+        view = TpuTensor(st, size, strided.contiguous_strides(size), self.storage_offset(), self.dtype)
+        return repoint(self, view)
+    # a bigger storage keeps the old elements first, as torch's reallocation does (views
+    # taken before keep the old storage here, where in torch they would share the new one)
+    flat = st.array.reshape(-1)
+    grown = jnp.concatenate([flat, jnp.zeros((self.storage_offset() + need - flat.size,), flat.dtype)])
+    return repoint(self, TpuTensor(Storage(grown), size, strided.contiguous_strides(size),
+                                   self.storage_offset(), self.dtype))
+
+
+@runtime_handler("aten::resize_as_")
+def resize_as_(op, args, kwargs):
+    return resize_(op, (args[0], tuple(args[1].shape)), {})
+
+
+@runtime_handler("aten::_has_compatible_shallow_copy_type")
+def compatible_shallow_copy(op, args, kwargs):
+    """``t.data = other`` asks this: tpu tensors swap metadata among themselves."""
+    return all(isinstance(a, TpuTensor) for a in args[:2])

@@ -1,0 +1,51 @@
+"""tpu tensors under ``torch.compile``: a traceable wrapper subclass with a shadow inside.
+
+Dynamo and AOTAutograd trace tensor subclasses that say how to take them apart
+(``__tensor_flatten__``) and put them back (``__tensor_unflatten__``) in terms of inner
+torch tensors. A tpu tensor's data is a jax.Array, not a torch tensor, so its one inner
+tensor is a *shadow*: a plain tensor on the tpu device with the outer tensor's sizes,
+strides and storage offset over a storage that owns no memory. Shadows of views of one
+storage share one such storage, so the compiler sees their aliasing.
+
+While tracing, the shadow is a FakeTensor and the outer tensor is *traced* (it has no
+jax storage): every ATen op on it runs on the shadows (torch's meta functions give the
+result's metadata) and is recorded by AOTAutograd as an op on plain tpu tensors. At run
+time the compiled graph receives shadows of the real tensors; ``owner`` finds the real
+tensor each shadow points back to.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+from tpu_kernels.storage import Storage
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_SET = torch.ops.aten.set_.source_Storage_storage_offset
+_ADDRESSES = itertools.count(1)
+
+
+def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
+    """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
+    pointing back to ``t``."""
+    # never empty: torch cannot resize an empty storage of a Python-registered device
+    nbytes = max(st.numel, 1) * st.array.dtype.itemsize
+    storage = st.shadow
+    if storage is None or storage.nbytes() != nbytes:
+        # a distinct fake address per storage; nothing ever reads through it
+        storage = st.shadow = torch._C._construct_storage_from_data_pointer(
+            next(_ADDRESSES) << 24, t.device, nbytes)
+    s = torch._C._acc.create_empty_tensor((0,), t.dtype)
+    # torch's CPU set_ only rewrites metadata: it never touches the (absent) memory
+    _SET.redispatch(_CPU_KEYS, s, storage, t.storage_offset(), t.shape, t.stride())
+    s._tpu_owner = weakref.ref(t)   # weak: t keeps its shadow, not the other way round
+    return s
+
+
+def owner(shadow: torch.Tensor) -> Any:
+    """The live tpu tensor ``shadow`` stands for, or None."""
+    ref = getattr(shadow, "_tpu_owner", None)
+    return ref() if ref is not None else None

@@ -1,0 +1,127 @@
+"""Storage: the jax arrays under tpu tensors, read and written through strided views.
+
+Like torch, a tpu tensor is (storage, sizes, strides, storage offset). A ``Storage`` is a
+mutable box for one jax array that the views of one base share; an in-place op writes a
+new array into it and bumps its version. ``read_view`` and ``write_view`` cut a view out
+of a storage and write one back, with the jitted programs of ``strided.py`` (recorded
+into a deferred program when one is being recorded). ``to_jax``/``to_torch`` copy
+between host torch tensors and jax arrays.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tpu_kernels import strided
+from tpu_kernels.lazy import apply, concrete
+from tpu_kernels.registry.dtypes import to_jax_dtype
+
+
+class Storage:
+    """A mutable box for one jax array; views of one base share it."""
+    __slots__ = ("array", "version", "shadow", "__weakref__")
+
+    def __init__(self, array: jax.Array) -> None:
+        self.array = array
+        self.version = 0
+        self.shadow = None   # a memory-less torch storage standing for it under torch.compile
+
+    @property
+    def numel(self) -> int:
+        return self.array.size
+
+
+def read_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
+              dtype: torch.dtype) -> jax.Array:
+    """The value of the view (``size``, ``stride``, ``offset``, ``dtype``) of ``st``."""
+    if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
+        v = apply(_reshaper(size), st.array)
+    else:
+        v = apply(strided.reader(st.numel, size, stride, offset), st.array)
+    want = to_jax_dtype(dtype)
+    if v.dtype != want:  # a view(dtype) of equal item size reads the storage's bits
+        v = apply(_bitcaster(np.dtype(want)), v)
+    return v
+
+
+def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
+               dtype: torch.dtype, whole: bool, new: jax.Array) -> None:
+    """Write ``new`` (broadcast to ``size``) into the view of ``st``, in place; ``whole``:
+    the view is the storage's whole array in its own shape."""
+    store_dtype = np.dtype(st.array.dtype)
+    if np.dtype(new.dtype) != store_dtype:
+        same_bits = np.dtype(new.dtype) == to_jax_dtype(dtype) and \
+            store_dtype.itemsize == np.dtype(new.dtype).itemsize
+        new = apply(_bitcaster(store_dtype) if same_bits else _caster(store_dtype), new)
+    if tuple(new.shape) != size:
+        new = apply(_broadcaster(size), new)
+    if whole:
+        st.array = new
+    elif offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == st.numel:
+        st.array = apply(_reshaper(tuple(st.array.shape)), new)
+    else:
+        st.array = apply(strided.writer(tuple(st.array.shape), size, stride, offset), st.array, new)
+    st.version += 1
+
+
+def to_dense(array: jax.Array, order: tuple[int, ...]) -> jax.Array:
+    """``array`` laid out flat in memory order ``order`` (outermost dim first)."""
+    return apply(_permuter(order), array)
+
+
+# Small jitted reshapes and casts, one stable function per shape or dtype, so deferred
+# programs made of them are cached by identity.
+@functools.lru_cache(maxsize=1024)
+def _reshaper(shape: tuple[int, ...]):
+    return jax.jit(lambda a: a.reshape(shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _permuter(order: tuple[int, ...]):
+    return jax.jit(lambda a: jnp.transpose(a, order).reshape(-1))
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcaster(shape: tuple[int, ...]):
+    return jax.jit(lambda a: jnp.broadcast_to(a, shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _caster(dtype):
+    return jax.jit(lambda a: a.astype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _bitcaster(dtype):
+    return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, dtype))
+
+
+# -- host transfers ------------------------------------------------------------------
+def to_jax(t: torch.Tensor) -> jax.Array:
+    """Copy a CPU torch tensor into a new jax array on JAX's default device."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    # a private copy: .numpy() would pin the caller's storage (torch then refuses resize_)
+    t = t.clone(memory_format=torch.contiguous_format)
+    host = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+    return jax.device_put(host)
+
+
+def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Copy a jax array into a new CPU torch tensor."""
+    host = np.array(concrete(a), copy=True)
+    if host.dtype == jnp.bfloat16:
+        out = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(host)
+    if dtype is not None and out.dtype != dtype:
+        out = out.view(dtype) if out.element_size() == torch.empty((), dtype=dtype).element_size() else out.to(dtype)
+    return out

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from tpu_kernels import errors
-from tpu_kernels.distributed import checks, groups, programs
+from tpu_kernels.distributed import checks, groups, programs, work
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.distributed.work import CollectiveError, TpuWork, failures, wait_ready
+from tpu_kernels.distributed.work import CollectiveError, TpuWork, wait_ready
 from tpu_kernels.tensor import TpuTensor, value, write
 
 c10d = torch.ops.c10d
@@ -84,11 +84,6 @@ def _work(name: str, group: Group, arrays: list, result: Any) -> Any:
     return TpuWork(name, group, [a for a in arrays if a is not None], result).boxed()
 
 
-def _run(name: str, group: Group, kind: str, *arrays, **params) -> Any:
-    with failures(name, group):
-        return programs.run(kind, group.ranks, *arrays, **params)
-
-
 def handler(name: str, returns_tensors: str | None) -> Callable:
     """Register-ready handler around ``fn(a: dict) -> result`` for collective ``name``.
 
@@ -121,7 +116,7 @@ def allreduce_(a: dict) -> Any:
     op = reduce_name(a["reduce_op"], "all_reduce")
     expect("all_reduce", a.get("sparse_indices") is None, "sparse tensors are not supported")
     checks.agree("all_reduce", (op,), ts, group)
-    outs = [_run("all_reduce", group, "all_reduce", value(t), op=op) for t in ts]
+    outs = [work.run("all_reduce", group, "all_reduce", value(t), op=op) for t in ts]
     for t, o in zip(ts, outs):
         write(t, o)
     return ts, _work("all_reduce", group, outs, ts)
@@ -139,7 +134,7 @@ def reduce_(a: dict) -> Any:
     op = reduce_name(a["reduce_op"], "reduce")
     root = a["root_rank"]
     checks.agree("reduce", (op, root), ts, group)
-    outs = [_run("reduce", group, "all_reduce", value(t), op=op) for t in ts]
+    outs = [work.run("reduce", group, "all_reduce", value(t), op=op) for t in ts]
     if group.rank == root:     # the others keep their input, as with NCCL
         for t, o in zip(ts, outs):
             write(t, o)
@@ -152,7 +147,7 @@ def broadcast_(a: dict) -> Any:
     group = _group(a, "broadcast")
     root = a["root_rank"]
     checks.agree("broadcast", (root,), ts, group)
-    outs = [_run("broadcast", group, "broadcast", value(t), root=root) for t in ts]
+    outs = [work.run("broadcast", group, "broadcast", value(t), root=root) for t in ts]
     for t, o in zip(ts, outs):
         write(t, o)
     return ts, _work("broadcast", group, outs, ts)
@@ -160,7 +155,7 @@ def broadcast_(a: dict) -> Any:
 
 # -- gathers -----------------------------------------------------------------------------------------
 def _gather_into_list(name: str, group: Group, inp: TpuTensor, outs: list, write_out: bool) -> list:
-    pieces = _run(name, group, "all_gather", value(inp), unstack=True)
+    pieces = work.run(name, group, "all_gather", value(inp), unstack=True)
     if write_out:
         for o, p in zip(outs, pieces):
             write(o, p)
@@ -201,7 +196,7 @@ def _gather_into_tensor(group: Group, out: TpuTensor, inp: TpuTensor) -> jax.Arr
            f"the output is {out.dtype}{list(out.shape)}, the input {inp.dtype}{list(inp.shape)}: "
            f"the output must hold {group.size} inputs ({group.size * inp.numel()} elements)")
     checks.agree(name, (), [inp], group)
-    result = _run(name, group, "all_gather", value(inp), shape=tuple(out.shape))
+    result = work.run(name, group, "all_gather", value(inp), shape=tuple(out.shape))
     write(out, result)
     return result
 
@@ -250,7 +245,7 @@ def reduce_scatter_(a: dict) -> Any:
         tpu_tensors("reduce_scatter", chunks, "input tensor")
         _check_list("reduce_scatter", group, chunks, out, "the input list")
         checks.agree("reduce_scatter", (op,), [out], group)
-        r = _run("reduce_scatter", group, "reduce_scatter", *[value(c) for c in chunks], op=op,
+        r = work.run("reduce_scatter", group, "reduce_scatter", *[value(c) for c in chunks], op=op,
                  concat=True, shape=tuple(out.shape))
         write(out, r)
         results.append(r)
@@ -263,7 +258,7 @@ def _scatter_tensor(group: Group, op: str, out: TpuTensor, inp: TpuTensor) -> ja
            f"the input is {inp.dtype}{list(inp.shape)}, the output {out.dtype}{list(out.shape)}: "
            f"the input must hold {group.size} outputs ({group.size * out.numel()} elements)")
     checks.agree(name, (op,), [inp], group)
-    result = _run(name, group, "reduce_scatter", value(inp), op=op, concat=True,
+    result = work.run(name, group, "reduce_scatter", value(inp), op=op, concat=True,
                   shape=tuple(out.shape))
     write(out, result)
     return result
@@ -301,7 +296,7 @@ def scatter_(a: dict) -> Any:
         expect("scatter", not chunks, "only the source rank passes a scatter_list")
         inputs = [jnp.zeros((group.size * out.numel(),), value(out).dtype)]
     checks.agree("scatter", (root,), [out], group)
-    result = _run("scatter", group, "scatter", *inputs, root=root, concat=True,
+    result = work.run("scatter", group, "scatter", *inputs, root=root, concat=True,
                   shape=tuple(out.shape))
     write(out, result)
     return [out], _work("scatter", group, [result], [out])
@@ -339,7 +334,7 @@ def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | Non
                f"input and output need the same number of rows, divisible by {k} ranks "
                f"(got {x.shape[0]} and {out_rows}); pass split sizes for uneven chunks")
         checks.agree(name, (rest, str(x.dtype), x.shape[0]), [], group)
-        return _run(name, group, "all_to_all", x)
+        return work.run(name, group, "all_to_all", x)
     send = list(send) if send else [x.shape[0] // k] * k
     recv = list(recv) if recv else [out_rows // k] * k
     expect(name, len(send) == k and len(recv) == k and sum(send) == x.shape[0] and sum(recv) == out_rows,
@@ -356,7 +351,7 @@ def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | Non
                 f"what the others' input_split_sizes send it")
     rows = max(int(sent.max()), 1)
     padded = _padder(tuple(send), rows)(x)
-    mixed = _run(name, group, "all_to_all", padded)
+    mixed = work.run(name, group, "all_to_all", padded)
     return _unpadder(tuple(recv), rows)(mixed)
 
 
@@ -396,14 +391,14 @@ def alltoall_(a: dict) -> Any:
 def barrier(a: dict) -> Any:
     group = _group(a, "barrier")
     checks.agree("barrier", (), [], group)
-    token = _run("barrier", group, "barrier", np.zeros((1,), np.int32))
+    token = work.run("barrier", group, "barrier", np.zeros((1,), np.int32))
     return _work("barrier", group, [token], [])
 
 
 def monitored_barrier_(op, args, kwargs) -> None:
     a = bind(op, args, kwargs)
     group = _group(a, "monitored_barrier")
-    token = _run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
+    token = work.run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
     wait_ready([token], "monitored_barrier", group, a["timeout"] / 1000 if a["timeout"] > 0 else None)
 
 
@@ -423,7 +418,7 @@ def _p2p(name: str, a: dict, peer: int, sending: bool) -> Any:
             f"tpu {name} between ranks {src} -> {dst}: the peer's next send/recv does not match "
             f"it ({exc}). On tpu a send pairs with the peer's recv, in program order, with the "
             f"same shape and dtype; for exchanges in both directions use all_to_all_single") from exc
-    result = _run(name, link, "ppermute", value(t), pairs=((pair.index(src), pair.index(dst)),))
+    result = work.run(name, link, "ppermute", value(t), pairs=((pair.index(src), pair.index(dst)),))
     if not sending:
         write(t, result)
     return _work(name, link, [result], [t])

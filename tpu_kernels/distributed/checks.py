@@ -18,9 +18,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tpu_kernels.distributed import programs
+from tpu_kernels.distributed import work
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.distributed.work import failures, wait_ready
 
 ENABLED = os.environ.get("TPU_KERNELS_DIST_CHECKS", "1") not in ("", "0")
 _DIMS = 8
@@ -66,9 +65,8 @@ def agree(name: str, params: tuple, tensors: Sequence[torch.Tensor], group: Grou
     if not ENABLED and not extra:
         return None
     row = signature(name, params, tensors, group, extra)
-    with failures(name, group):
-        gathered = programs.run("all_gather", group.ranks, row)
-    wait_ready([gathered], name, group)
+    gathered = work.run(name, group, "all_gather", row)
+    work.wait_ready([gathered], name, group)
     rows = np.asarray(gathered)
     bad = [i for i in range(group.size) if rows[i, 0] != rows[0, 0]]
     if ENABLED and bad:

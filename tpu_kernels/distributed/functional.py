@@ -15,10 +15,9 @@ from typing import Any, Callable
 import jax
 import torch
 
-from tpu_kernels.distributed import checks, compiled, groups, programs
+from tpu_kernels.distributed import checks, compiled, groups, work
 from tpu_kernels.distributed.c10d_ops import all_to_all_rows, bind, expect, reduce_name, tpu_tensors
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.distributed.work import failures
 from tpu_kernels.tensor import TpuTensor, read, value, wrap, write
 
 f = torch.ops._c10d_functional
@@ -44,8 +43,7 @@ def collective(name: str, group: Group, kind: str, t: TpuTensor | list, params: 
     if any(_traced(x) for x in xs):
         return compiled.in_program(name, group, kind, xs, dict(params), **frame)
     checks.agree(name, (kind, params), ts, group)
-    with failures(name, group):
-        return programs.run(kind, group.ranks, *[value(x) for x in ts], **frame, **dict(params))
+    return work.run(name, group, kind, *[value(x) for x in ts], **frame, **dict(params))
 
 
 def _k(group: Group, group_size: int, name: str) -> None:

@@ -1,23 +1,34 @@
-"""Handles of tpu collectives: waiting with a deadline, and errors that name the collective.
+"""Running tpu collectives with a deadline, their handles, and errors that name them.
+
+``run`` starts a collective's program on one daemon thread (collectives keep their
+order) and waits at most the group's timeout for it to be dispatched: JAX's CPU
+collectives (gloo) block inside the call until every peer joins, and a peer that never
+joins must not hang the caller. After a timeout the collective is still pending on that
+thread, so the process group cannot be used again: later collectives raise at once.
 
 A collective's results are JAX arrays still being computed; later tpu ops on them are
 ordered by data dependence, so nothing needs to wait for correctness. ``wait()`` blocks
-until they are ready, or raises once the group's timeout passes (a peer that never joins
-the collective), and turns JAX's runtime errors (a peer that died: "Connection closed by
-peer") into errors that say which collective failed and what to check.
+until they are ready, or raises once the group's timeout passes, and JAX's runtime errors
+(a peer that died: "Connection closed by peer") become errors that say which collective
+failed and what to check.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
 import datetime
+import queue
+import re
+import threading
 import time
-from typing import Any, Iterator
+from concurrent.futures import Future
+from typing import Any, Callable, Iterator
 
 import jax
 import torch
 from torch._C._distributed_c10d import Work
 
+from tpu_kernels.distributed import programs
 from tpu_kernels.distributed.groups import Group
 
 # Works C++ holds but Python may not: kept until waited on or their future is taken. Past
@@ -34,15 +45,69 @@ def _describe(name: str, group: Group) -> str:
     return f"tpu {name} over ranks {list(group.ranks)} (this is rank {group.ranks[group.rank]})"
 
 
+# an XLA status ("UNKNOWN: Gloo AllGather failed: ... Connection closed by peer"), which
+# JAX raises as JaxRuntimeError or, for some CPU collective failures, as ValueError
+_STATUS = re.compile(r"^[A-Z_]+: ")
+
+
 @contextlib.contextmanager
 def failures(name: str, group: Group) -> Iterator[None]:
     """Turn JAX runtime errors raised while running a collective into ``CollectiveError``."""
     try:
         yield
-    except jax.errors.JaxRuntimeError as exc:
+    except (jax.errors.JaxRuntimeError, ValueError) as exc:
+        if isinstance(exc, ValueError) and not _STATUS.match(str(exc)):
+            raise
         raise CollectiveError(
             f"{_describe(name, group)} failed: {exc}. A peer process probably exited or "
             f"crashed; see its log for the first error") from exc
+
+
+class _Runner(threading.Thread):
+    """The daemon thread collectives are started on (daemon: one stuck in a dead peer's
+    collective must not keep the process from exiting)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="tpu-collectives", daemon=True)
+        self.jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]]]" = queue.SimpleQueue()
+        self.stuck: str | None = None     # the collective that timed out, if one did
+
+    def run(self) -> None:
+        while True:
+            future, job = self.jobs.get()
+            try:
+                future.set_result(job())
+            except BaseException as exc:   # handed to the waiting caller
+                future.set_exception(exc)
+
+
+_RUNNER = _Runner()
+
+
+def run(name: str, group: Group, kind: str, *arrays: Any, **params: Any) -> Any:
+    """``programs.run(kind, group.ranks, *arrays, **params)``, started within the group's
+    timeout or raising ``CollectiveError`` (see the module docstring)."""
+    if _RUNNER.stuck:
+        raise CollectiveError(
+            f"{_describe(name, group)} not started: the earlier {_RUNNER.stuck} timed out and "
+            f"still waits for its peers, so this process's collectives cannot run in order any "
+            f"more. Destroy the process group and restart the job (torchrun --max-restarts)")
+    if not _RUNNER.is_alive():
+        _RUNNER.start()
+    future: Future = Future()
+    _RUNNER.jobs.put((future, lambda: programs.run(kind, group.ranks, *arrays, **params)))
+    with failures(name, group):
+        try:
+            return future.result(timeout=group.timeout)
+        except TimeoutError:
+            _RUNNER.stuck = f"{name} over ranks {list(group.ranks)}"
+            raise CollectiveError(_timed_out(name, group, group.timeout)) from None
+
+
+def _timed_out(name: str, group: Group, seconds: float) -> str:
+    return (f"{_describe(name, group)} timed out after {seconds:.0f} s: a peer never joined it "
+            f"(it exited, hangs, or runs a different collective). Check the other ranks; "
+            f"init_process_group(timeout=...) sets the limit")
 
 
 def wait_ready(arrays: list[jax.Array], name: str, group: Group, seconds: float | None = None) -> None:
@@ -53,11 +118,7 @@ def wait_ready(arrays: list[jax.Array], name: str, group: Group, seconds: float 
         for a in arrays:
             while not a.is_ready():
                 if time.monotonic() > deadline:
-                    raise CollectiveError(
-                        f"{_describe(name, group)} timed out after "
-                        f"{group.timeout if not seconds else seconds:.0f} s: a peer never "
-                        f"joined it (it exited, hangs, or runs a different collective). Check "
-                        f"the other ranks; init_process_group(timeout=...) sets the limit")
+                    raise CollectiveError(_timed_out(name, group, seconds or group.timeout))
                 time.sleep(delay)
                 delay = min(2 * delay, 1e-3)
             a.block_until_ready()    # raises the collective's error, if any

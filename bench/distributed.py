@@ -25,8 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-import tpu_kernels  # noqa: E402,F401  (the tpu device and backend)
-from tpu_kernels.bench.timing import measure  # noqa: E402
+from tpu_kernels.bench.timing import measure  # noqa: E402  (imports the tpu device and backend)
 from tpu_kernels.models import GPT, GPTConfig  # noqa: E402
 
 CFG = GPTConfig(vocab=256, seq=64, dim=128, heads=4, layers=2)

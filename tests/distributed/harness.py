@@ -72,7 +72,10 @@ def _agree(ok: bool) -> bool:
 
 
 def main(out_dir: str, thorough: bool) -> None:
-    dist.init_process_group("tpu", timeout=TIMEOUT)
+    # the 4-process launch names each device's backend (CPU tensors then take torch's own
+    # gloo); the 2-process one the tpu backend alone (it serves CPU tensors too)
+    backend = "cpu:gloo,tpu:tpu" if os.environ.get("WORLD_SIZE") == "4" else "tpu"
+    dist.init_process_group(backend, timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     _load_checks()
     results = {}

@@ -190,32 +190,16 @@ def allgather_coalesced_(a: dict) -> Any:
     return allgather_.__wrapped__(a)[1]
 
 
-def _gather_into_tensor(group: Group, out: TpuTensor, inp: TpuTensor) -> jax.Array:
-    name = "all_gather_into_tensor"
-    expect(name, out.numel() == group.size * inp.numel() and out.dtype == inp.dtype,
-           f"the output is {out.dtype}{list(out.shape)}, the input {inp.dtype}{list(inp.shape)}: "
-           f"the output must hold {group.size} inputs ({group.size * inp.numel()} elements)")
-    checks.agree(name, (), [inp], group)
-    result = work.run(name, group, "all_gather", value(inp), shape=tuple(out.shape))
-    write(out, result)
-    return result
-
-
-@handler("all_gather_into_tensor", "output_tensor")
-def _allgather_base_(a: dict) -> Any:
-    out, inp = tpu_tensors("all_gather_into_tensor", [a["output_tensor"], a["input_tensor"]])
-    group = _group(a, "all_gather_into_tensor")
-    result = _gather_into_tensor(group, out, inp)
-    return out, _work("all_gather_into_tensor", group, [result], out)
-
-
-@handler("all_gather_into_tensor_coalesced", None)
-def allgather_into_tensor_coalesced_(a: dict) -> Any:
-    outs = tpu_tensors("all_gather_into_tensor", a["outputs"])
-    ins = tpu_tensors("all_gather_into_tensor", a["inputs"])
-    group = _group(a, "all_gather_into_tensor")
-    results = [_gather_into_tensor(group, o, i) for o, i in zip(outs, ins)]
-    return _work("all_gather_into_tensor", group, results, outs)
+def _root_list(name: str, group: Group, root: int, lists: list, like: torch.Tensor, what: str) -> list:
+    """The list of tensors only the root passes (gather's gather_list, scatter's
+    scatter_list), checked; empty on the other ranks."""
+    tensors = lists[0] if lists else []
+    if group.rank == root:
+        tpu_tensors(name, tensors, f"{what} tensor")
+        _check_list(name, group, tensors, like, what)
+    else:
+        expect(name, not tensors, f"only rank {root} (the root) passes a {what}")
+    return tensors
 
 
 @handler("gather", None)
@@ -223,12 +207,7 @@ def gather_(a: dict) -> Any:
     (inp,) = tpu_tensors("gather", a["input_tensors"])
     group = _group(a, "gather")
     root = a["root_rank"]
-    outs = a["output_tensors"][0] if a["output_tensors"] else []
-    if group.rank == root:
-        tpu_tensors("gather", outs, "gather_list tensor")
-        _check_list("gather", group, outs, inp, "gather_list")
-    else:
-        expect("gather", not outs, "only the destination rank passes a gather_list")
+    outs = _root_list("gather", group, root, a["output_tensors"], inp, "gather_list")
     checks.agree("gather", (root,), [inp], group)
     arrays = _gather_into_list("gather", group, inp, outs, group.rank == root)
     return _work("gather", group, arrays, a["output_tensors"])
@@ -246,40 +225,52 @@ def reduce_scatter_(a: dict) -> Any:
         _check_list("reduce_scatter", group, chunks, out, "the input list")
         checks.agree("reduce_scatter", (op,), [out], group)
         r = work.run("reduce_scatter", group, "reduce_scatter", *[value(c) for c in chunks], op=op,
-                 concat=True, shape=tuple(out.shape))
+                     concat=True, shape=tuple(out.shape))
         write(out, r)
         results.append(r)
     return outs, _work("reduce_scatter", group, results, outs)
 
 
-def _scatter_tensor(group: Group, op: str, out: TpuTensor, inp: TpuTensor) -> jax.Array:
-    name = "reduce_scatter_tensor"
-    expect(name, inp.numel() == group.size * out.numel() and out.dtype == inp.dtype,
-           f"the input is {inp.dtype}{list(inp.shape)}, the output {out.dtype}{list(out.shape)}: "
-           f"the input must hold {group.size} outputs ({group.size * out.numel()} elements)")
+# -- flat buffers: all_gather_into_tensor, reduce_scatter_tensor, and their coalesced forms ----
+def _flat(name: str, group: Group, out: TpuTensor, inp: TpuTensor, op: str | None) -> jax.Array:
+    """All-gather ``inp`` into ``out`` (``op`` None: ``out`` holds k inputs) or reduce-scatter
+    ``inp`` into ``out`` with ``op`` (``inp`` holds k outputs); returns the written result."""
+    whole, part, held = (out, inp, "output") if op is None else (inp, out, "input")
+    expect(name, whole.numel() == group.size * part.numel() and out.dtype == inp.dtype,
+           f"the output is {out.dtype}{list(out.shape)}, the input {inp.dtype}{list(inp.shape)}: "
+           f"the {held} must hold {group.size} times the other ({group.size * part.numel()} elements)")
     checks.agree(name, (op,), [inp], group)
-    result = work.run(name, group, "reduce_scatter", value(inp), op=op, concat=True,
-                  shape=tuple(out.shape))
+    if op is None:
+        result = work.run(name, group, "all_gather", value(inp), shape=tuple(out.shape))
+    else:
+        result = work.run(name, group, "reduce_scatter", value(inp), op=op, concat=True,
+                          shape=tuple(out.shape))
     write(out, result)
     return result
 
 
-@handler("reduce_scatter_tensor", "output_tensor")
-def _reduce_scatter_base_(a: dict) -> Any:
-    out, inp = tpu_tensors("reduce_scatter_tensor", [a["output_tensor"], a["input_tensor"]])
-    group = _group(a, "reduce_scatter_tensor")
-    result = _scatter_tensor(group, reduce_name(a["reduce_op"], "reduce_scatter_tensor"), out, inp)
-    return out, _work("reduce_scatter_tensor", group, [result], out)
+def _flat_handlers(name: str, reduces: bool) -> tuple[Callable, Callable]:
+    """The handlers of c10d's one-tensor op ``name`` and of its coalesced form."""
+    def op_of(a: dict) -> str | None:
+        return reduce_name(a["reduce_op"], name) if reduces else None
+
+    @handler(name, "output_tensor")
+    def single(a: dict) -> Any:
+        out, inp = tpu_tensors(name, [a["output_tensor"], a["input_tensor"]])
+        group = _group(a, name)
+        return out, _work(name, group, [_flat(name, group, out, inp, op_of(a))], out)
+
+    @handler(name, None)
+    def coalesced(a: dict) -> Any:
+        outs, ins = tpu_tensors(name, a["outputs"]), tpu_tensors(name, a["inputs"])
+        group = _group(a, name)
+        results = [_flat(name, group, o, i, op_of(a)) for o, i in zip(outs, ins)]
+        return _work(name, group, results, outs)
+    return single, coalesced
 
 
-@handler("reduce_scatter_tensor_coalesced", None)
-def reduce_scatter_tensor_coalesced_(a: dict) -> Any:
-    outs = tpu_tensors("reduce_scatter_tensor", a["outputs"])
-    ins = tpu_tensors("reduce_scatter_tensor", a["inputs"])
-    group = _group(a, "reduce_scatter_tensor")
-    op = reduce_name(a["reduce_op"], "reduce_scatter_tensor")
-    results = [_scatter_tensor(group, op, o, i) for o, i in zip(outs, ins)]
-    return _work("reduce_scatter_tensor", group, results, outs)
+_allgather_base_, allgather_into_tensor_coalesced_ = _flat_handlers("all_gather_into_tensor", False)
+_reduce_scatter_base_, reduce_scatter_tensor_coalesced_ = _flat_handlers("reduce_scatter_tensor", True)
 
 
 @handler("scatter", "output_tensors")
@@ -287,13 +278,10 @@ def scatter_(a: dict) -> Any:
     (out,) = tpu_tensors("scatter", a["output_tensors"])
     group = _group(a, "scatter")
     root = a["root_rank"]
-    chunks = a["input_tensors"][0] if a["input_tensors"] else []
+    chunks = _root_list("scatter", group, root, a["input_tensors"], out, "scatter_list")
     if group.rank == root:
-        tpu_tensors("scatter", chunks, "scatter_list tensor")
-        _check_list("scatter", group, chunks, out, "scatter_list")
         inputs = [value(c) for c in chunks]
     else:
-        expect("scatter", not chunks, "only the source rank passes a scatter_list")
         inputs = [jnp.zeros((group.size * out.numel(),), value(out).dtype)]
     checks.agree("scatter", (root,), [out], group)
     result = work.run("scatter", group, "scatter", *inputs, root=root, concat=True,

@@ -13,12 +13,15 @@ from tpu_kernels import bench, helion_kernels, pallas, registry
 LAYERS = [
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
     ("registry", ("tpu_kernels.registry",)),
-    ("base", ("tpu_kernels.lru", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.device")),
+    ("base", ("tpu_kernels.lru", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.device",
+              "tpu_kernels.streams")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.strided", "tpu_kernels.storage")),
     ("tensor", ("tpu_kernels.shadow", "tpu_kernels.printing", "tpu_kernels.tensor")),
     ("dispatch", ("tpu_kernels.dispatch",)),
     ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graph_program", "tpu_kernels.compile_backend")),
+    # collectives on tpu tensors: runtime handlers, and a program hook of graph_program
+    ("distributed", ("tpu_kernels.distributed",)),
     ("tools", ("tpu_kernels.testing", "tpu_kernels.models", "tpu_kernels.bench", "tpu_kernels.coverage",
                "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving", "tpu_kernels.aot",
                "tpu_kernels.transformers_flex")),

@@ -30,5 +30,8 @@ from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
 _compile_backend.register()
+from tpu_kernels import distributed as _distributed  # noqa: E402
+
+_distributed.install()   # c10d backend "tpu" (names only; loads when a group is made)
 
 __all__ = ["tpu_kernel", "registry", "TpuTensor", "deferred", "flush"]

@@ -16,14 +16,7 @@ import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import errors, random_state
-
-
-def synchronize(device=None) -> None:
-    """Wait for every queued computation on the device (and raise deferred device errors)."""
-    for a in jax.live_arrays():
-        a.block_until_ready()
-    errors.raise_pending()
+from tpu_kernels import random_state, streams
 
 
 def _backend_module() -> types.ModuleType:
@@ -34,7 +27,7 @@ def _backend_module() -> types.ModuleType:
     m.device_count = lambda: 1
     m.current_device = lambda: 0
     m.set_device = lambda device: None
-    m.synchronize = synchronize
+    m.synchronize = streams.synchronize
     m.manual_seed = random_state.manual_seed
     m.manual_seed_all = random_state.manual_seed
     m.seed = lambda: random_state.manual_seed(torch.initial_seed())
@@ -44,7 +37,9 @@ def _backend_module() -> types.ModuleType:
     m.set_rng_state = lambda state, device=None: random_state.set_state(tuple(state.tolist()))
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     m.is_bf16_supported = lambda including_emulation=True: True
-    m.jax_device = lambda: jax.devices()[0]
+    m.jax_device = lambda: jax.local_devices()[0]   # this process's, under jax.distributed
+    for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
+        setattr(m, name, getattr(streams, name))
     return m
 
 

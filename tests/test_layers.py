@@ -55,6 +55,12 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
+def _names_kernel_module(node: ast.AST) -> bool:
+    """``kernel_module("tpu_kernels....")``: the registry's import-on-first-use of a kernel module."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "kernel_module"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+
+
 def _imports(module: str, path: str) -> list[tuple[str, bool]]:
     """(imported tpu_kernels module, inside a function) for each import in ``path``."""
     tree = ast.parse(open(path).read(), path)
@@ -76,6 +82,8 @@ def _imports(module: str, path: str) -> list[tuple[str, bool]]:
                     base = f"{up}.{base}" if base else up
                 # a submodule is imported itself; a name comes from its module
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names]
+            elif _names_kernel_module(child):
+                names = [child.args[0].value]   # a lazily loaded kernel module (registry/kernel_modules.py)
             else:
                 names = []
             for n in names:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import torch
 
+from tpu_kernels import devices
 from tpu_kernels.dispatch.run import run
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.opnames import lookup_op
@@ -22,7 +24,15 @@ _LIB = torch.library.Library("aten", "IMPL")
 
 
 def _factory_kernel(op, *args, **kwargs):
-    return run(op, args, kwargs)
+    i = devices.index(kwargs.get("device"))   # "tpu:5" with fewer devices raises here
+    if i == 0:
+        return run(op, args, kwargs)
+    dev = devices.jax_device(i)
+    with jax.default_device(dev):   # made on tpu:i (its storage says so) ...
+        out = run(op, args, kwargs)
+    st = out._tpu_storage           # ... and kept there: later ops run where it is
+    st.array = jax.device_put(st.array, dev)
+    return out
 
 
 def install_factories() -> None:

@@ -19,7 +19,7 @@ LAYERS = [
     ("tensor", ("tpu_kernels.shadow", "tpu_kernels.printing", "tpu_kernels.tensor")),
     ("dispatch", ("tpu_kernels.dispatch",)),
     ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention", "tpu_kernels.autocast",
-                     "tpu_kernels.serialization", "tpu_kernels.host_memory")),
+                     "tpu_kernels.serialization", "tpu_kernels.host_memory", "tpu_kernels.accelerator")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graph_program", "tpu_kernels.compile_backend")),
     ("tools", ("tpu_kernels.testing", "tpu_kernels.models", "tpu_kernels.bench", "tpu_kernels.coverage",
                "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving", "tpu_kernels.aot",

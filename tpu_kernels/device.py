@@ -140,3 +140,4 @@ def setup() -> None:
     _persistent_compile_cache()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     _keep_ties_when_moving_modules()
+    random_state.install_generator()

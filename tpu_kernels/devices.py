@@ -80,6 +80,12 @@ def index_of_array(array: Any) -> int:
     return _index_of().get(next(iter(ds)), 0) if len(ds) == 1 else 0
 
 
+# torch.compile calls these at trace time and keeps the answer (as for torch.cuda's):
+# Dynamo's mark for torch.compiler.assume_constant_result, set without importing Dynamo
+for _fn in (device_count, current_device):
+    _fn._dynamo_marked_constant = True
+
+
 class device:
     """``with torch.tpu.device(i):`` makes tpu ``i`` current inside the block (as
     ``torch.cuda.device``); ``-1`` or ``None`` leaves it as it is."""

@@ -13,12 +13,13 @@ from tpu_kernels import bench, helion_kernels, pallas, registry
 LAYERS = [
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
     ("registry", ("tpu_kernels.registry",)),
-    ("base", ("tpu_kernels.lru", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.device",
-              "tpu_kernels.streams")),
+    ("base", ("tpu_kernels.lru", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
+              "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.device")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.strided", "tpu_kernels.storage")),
     ("tensor", ("tpu_kernels.shadow", "tpu_kernels.printing", "tpu_kernels.tensor")),
     ("dispatch", ("tpu_kernels.dispatch",)),
-    ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention")),
+    ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention", "tpu_kernels.autocast",
+                     "tpu_kernels.serialization", "tpu_kernels.host_memory", "tpu_kernels.accelerator")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graph_program", "tpu_kernels.compile_backend")),
     # collectives on tpu tensors: runtime handlers, and a program hook of graph_program
     ("distributed", ("tpu_kernels.distributed",)),
@@ -58,6 +59,12 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
+def _names_kernel_module(node: ast.AST) -> bool:
+    """``kernel_module("tpu_kernels....")``: the registry's import-on-first-use of a kernel module."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "kernel_module"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+
+
 def _imports(module: str, path: str) -> list[tuple[str, bool]]:
     """(imported tpu_kernels module, inside a function) for each import in ``path``."""
     tree = ast.parse(open(path).read(), path)
@@ -79,6 +86,8 @@ def _imports(module: str, path: str) -> list[tuple[str, bool]]:
                     base = f"{up}.{base}" if base else up
                 # a submodule is imported itself; a name comes from its module
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names]
+            elif _names_kernel_module(child):
+                names = [child.args[0].value]   # a lazily loaded kernel module (registry/kernel_modules.py)
             else:
                 names = []
             for n in names:

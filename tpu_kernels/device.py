@@ -1,7 +1,9 @@
 """The ``tpu`` device: PrivateUse1 renamed, and a backend module at ``torch.tpu``.
 
 After ``setup()``, ``torch.device("tpu")``, ``t.to("tpu")``, ``model.to("tpu")`` and
-``torch.zeros(3, device="tpu")`` work as on any device. This runs before any other part
+``torch.zeros(3, device="tpu")`` work as on any device, and ``torch.tpu`` answers what
+``torch.cuda`` does: devices (``devices.py``), memory (``memory.py``), streams and events
+(``streams.py``), random state (``random_state.py``). This runs before any other part
 of the runtime is imported (the tensor layer names ``torch.device("tpu")``); the
 factories' PrivateUse1 kernels are the dispatcher's (``dispatch/factories.py``).
 """
@@ -10,24 +12,66 @@ from __future__ import annotations
 import functools
 import os
 import types
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import random_state, streams
+from tpu_kernels import devices, errors, memory, random_state, streams
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for every queued computation on the device (and raise deferred device errors)."""
+    devices.synchronize(device)
+    errors.raise_pending()
+
+
+class DeviceProperties(NamedTuple):
+    """``torch.tpu.get_device_properties``: what ``torch.cuda``'s answer has that a TPU has."""
+    name: str
+    platform: str
+    total_memory: int
+    index: int
+    jax_id: int
+    core_count: int
+
+    def __repr__(self) -> str:
+        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+                f"total_memory={self.total_memory // 2**20}MB, index={self.index})")
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    i = devices.index(device)
+    d = devices.jax_devices()[i]
+    return DeviceProperties(devices.name(i), d.platform, memory.mem_get_info(i)[1], i, d.id,
+                            getattr(d, "num_cores", 1) or 1)
+
+
+_MODULE_FUNCTIONS = {
+    devices: ("device_count", "current_device", "set_device", "device", "device_of", "jax_device"),
+    memory: ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+             "memory_stats", "memory_summary", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+             "mem_get_info", "empty_cache"),
+    streams: ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"),
+}
 
 
 def _backend_module() -> types.ModuleType:
     m = types.ModuleType("torch.tpu")
+    m.__doc__ = "The tpu device's backend module (tpu_kernels): torch.cuda's API for TPUs."
     m.is_available = lambda: True
     m.is_initialized = lambda: True
+    m.init = lambda: None
     m._is_in_bad_fork = lambda: False
-    m.device_count = lambda: 1
-    m.current_device = lambda: 0
-    m.set_device = lambda device: None
-    m.synchronize = streams.synchronize
+    for module, names in _MODULE_FUNCTIONS.items():
+        for name in names:
+            setattr(m, name, getattr(module, name))
+    m.synchronize = synchronize
+    m.get_device_name = devices.name
+    m.get_device_properties = get_device_properties
+    m.get_device_capability = lambda device=None: (0, 0)
+    m.reset_max_memory_allocated = memory.reset_peak_memory_stats
     m.manual_seed = random_state.manual_seed
     m.manual_seed_all = random_state.manual_seed
     m.seed = lambda: random_state.manual_seed(torch.initial_seed())
@@ -35,11 +79,10 @@ def _backend_module() -> types.ModuleType:
     m.initial_seed = random_state.initial_seed
     m.get_rng_state = lambda device=None: torch.tensor(random_state.get_state(), dtype=torch.int64)
     m.set_rng_state = lambda state, device=None: random_state.set_state(tuple(state.tolist()))
-    m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    m.get_rng_state_all = lambda: [m.get_rng_state(i) for i in range(devices.device_count())]
+    m.set_rng_state_all = lambda states: m.set_rng_state(states[0])
+    m.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     m.is_bf16_supported = lambda including_emulation=True: True
-    m.jax_device = lambda: jax.local_devices()[0]   # this process's, under jax.distributed
-    for name in ("Stream", "Event", "current_stream", "default_stream", "set_stream", "stream"):
-        setattr(m, name, getattr(streams, name))
     return m
 
 
@@ -79,7 +122,8 @@ def _keep_ties_when_moving_modules() -> None:
 
     torch.nn.Module.to = moving(torch.nn.Module.to)
     tpu = torch.nn.Module.tpu
-    torch.nn.Module.tpu = lambda self, device=None: torch.nn.Module.to(self, torch.device("tpu", device or 0))
+    torch.nn.Module.tpu = lambda self, device=None: torch.nn.Module.to(
+        self, torch.device("tpu", devices.current_device() if device is None else devices.index(device)))
     torch.nn.Module.tpu.__doc__ = tpu.__doc__
 
 
@@ -96,3 +140,4 @@ def setup() -> None:
     _persistent_compile_cache()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     _keep_ties_when_moving_modules()
+    random_state.install_generator()

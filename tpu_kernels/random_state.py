@@ -2,13 +2,17 @@
 
 Each random op gets ``fold_in(key(seed), counter)`` with a fresh counter, passed to the
 jitted op as data so a new draw never retraces. ``torch.manual_seed`` resets both.
+``torch.Generator(device="tpu")`` makes a ``TpuGenerator``: its own seed and counter, used
+by the random ops it is passed to (``torch.randn(..., generator=g)``).
 """
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import jax
 import numpy as np
+import torch
 
 _lock = threading.Lock()
 _seed = 0
@@ -36,14 +40,70 @@ def set_state(state: tuple[int, int]) -> None:
         _seed, _counter = int(state[0]), int(state[1])
 
 
-def reserve(n: int) -> np.ndarray:
+def reserve(n: int, generator: "TpuGenerator | None" = None) -> np.ndarray:
     """Take ``n`` counters at once: (seed low, seed high, counter) as uint32, the key data
-    of the first (the dynamic input of one random op); the others follow it."""
+    of the first (the dynamic input of one random op); the others follow it. From
+    ``generator`` when the op was given a tpu generator, else the device's."""
     global _counter
+    if generator is not None:   # a key drawn from the op's generator (its counters follow)
+        bits = int(torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64, generator=generator)) & (2**64 - 1)
+        return _key_data(bits, 1)
     with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         c, seed = _counter + 1, _seed
         _counter += n
+    return _key_data(seed, c)
+
+
+def _key_data(seed: int, c: int) -> np.ndarray:
     return np.array([seed & 0xFFFF_FFFF, seed >> 32, c & 0xFFFF_FFFF], dtype=np.uint32)
+
+
+class TpuGenerator(torch._C.Generator):
+    """``torch.Generator(device="tpu")``. Its state is torch's own CPU generator state (so
+    ``manual_seed``, ``get_state``/``set_state``, ``initial_seed`` behave as torch's): each
+    random op it is given draws 64 bits from it as its JAX key (see ``reserve``). torch
+    hands ops a plain ``torch.Generator`` over the same state, which is all ``reserve`` needs."""
+
+    def __new__(cls, device: Any = "tpu") -> "TpuGenerator":
+        return super().__new__(cls, "cpu")
+
+    def __init__(self, device: Any = "tpu") -> None:
+        d = torch.device(device)
+        self._device = torch.device("tpu", 0 if d.index is None else d.index)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def __repr__(self) -> str:
+        return f"<torch.Generator device={self._device}>"
+
+
+class _GeneratorType(type(torch._C.Generator)):
+    """``torch.Generator``'s type: makes a ``TpuGenerator`` for a tpu device, torch's own
+    generator for any other; every generator is still an instance of ``torch.Generator``."""
+
+    def __call__(cls, device: Any = "cpu") -> torch._C.Generator:
+        if torch.device(device).type == "tpu":
+            return TpuGenerator(device)
+        return torch._C.Generator(device)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch._C.Generator)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, torch._C.Generator)
+
+
+class Generator(torch._C.Generator, metaclass=_GeneratorType):
+    __doc__ = torch._C.Generator.__doc__
+
+
+def install_generator() -> None:
+    """``torch.Generator(device="tpu")`` works (torch's C++ asks the backend for a
+    generator, which a Python backend cannot register)."""
+    if torch.Generator is torch._C.Generator:
+        torch.Generator = Generator
 
 
 def key_from_data(data: jax.Array) -> jax.Array:

@@ -11,25 +11,36 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels import strided
+from tpu_kernels import devices, memory, strided
 from tpu_kernels.lazy import apply, concrete
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
 class Storage:
-    """A mutable box for one jax array; views of one base share it."""
-    __slots__ = ("array", "version", "shadow", "__weakref__")
+    """A mutable box for one jax array; views of one base share it. ``index``: the tpu
+    device holding it; ``nbytes``: what it counts in ``torch.tpu.memory_allocated``."""
+    __slots__ = ("array", "version", "shadow", "index", "nbytes", "__weakref__")
 
-    def __init__(self, array: jax.Array) -> None:
+    def __init__(self, array: jax.Array, index: int | None = None) -> None:
         self.array = array
         self.version = 0
         self.shadow = None   # a memory-less torch storage standing for it under torch.compile
+        self.index = devices.index_of_array(array) if index is None else index
+        self.nbytes = memory.allocate(self.index, array)
+
+    def __del__(self) -> None:
+        memory.free(self.index, self.nbytes)
+
+    def __reduce__(self):
+        """Pickled as a host copy and its location ("tpu:0"); ``rebuild_storage`` restores it."""
+        return (rebuild_storage, (to_torch(concrete(self.array)), f"tpu:{self.index}"))
 
     @property
     def numel(self) -> int:
@@ -101,9 +112,48 @@ def _bitcaster(dtype):
     return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, dtype))
 
 
+def _clear_program_caches() -> None:
+    for f in (_reshaper, _permuter, _broadcaster, _caster, _bitcaster, strided.reader, strided.writer):
+        f.cache_clear()
+
+
+memory.on_empty_cache(_clear_program_caches)
+
+
+# -- checkpoints (torch.save / torch.load) --------------------------------------------
+LOAD = threading.local()   # ``map_location`` of a torch.load that serialization.py runs itself
+
+
+def restore_target(location: str, host: torch.Tensor) -> str:
+    """Where a storage saved at ``location`` goes, by the running torch.load's map_location."""
+    m = getattr(LOAD, "map_location", None)
+    if m is None:
+        m = torch.serialization._serialization_tls.map_location
+    if m is None:
+        return location
+    if isinstance(m, dict):
+        return str(m.get(location, location))
+    if isinstance(m, (str, torch.device)):
+        return str(m)
+    moved = m(host.untyped_storage(), location)   # a callable: torch's contract
+    return location if moved is None else str(moved.device)
+
+
+def rebuild_storage(host: torch.Tensor, location: str) -> Storage | torch.Tensor:
+    """A saved storage, back on the device its map_location names (a CPU tensor for "cpu")."""
+    target = torch.device(restore_target(location, host))
+    if target.type == "cpu":
+        return host
+    if target.type != "tpu":
+        return host.to(target)
+    i = devices.index(target)
+    return Storage(to_jax(host, i), i)
+
+
 # -- host transfers ------------------------------------------------------------------
-def to_jax(t: torch.Tensor) -> jax.Array:
-    """Copy a CPU torch tensor into a new jax array on JAX's default device."""
+def to_jax(t: torch.Tensor, index: int | None = None) -> jax.Array:
+    """Copy a CPU torch tensor into a new jax array on tpu ``index`` (default: the current
+    device)."""
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -112,7 +162,9 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     # a private copy: .numpy() would pin the caller's storage (torch then refuses resize_)
     t = t.clone(memory_format=torch.contiguous_format)
     host = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
-    return jax.device_put(host)
+    i = devices.current_device() if index is None else index
+    # tpu:0 arrays stay uncommitted (JAX's default device), as they always were
+    return jax.device_put(host) if i == 0 else jax.device_put(host, devices.jax_device(i))
 
 
 def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -20,6 +20,7 @@ from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
 DEVICE = torch.device("tpu", 0)
+DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
 _on_worker_error: Callable[[Any, tuple, dict, Exception], Any] | None = None
@@ -48,7 +49,7 @@ class TpuTensor(torch.Tensor):
         # never an empty torch storage for an empty tensor: torch.compile would resize it
         extra = {"storage_size": 1} if 0 in size else {}
         r = torch.Tensor._make_wrapper_subclass(
-            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICE,
+            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICES[storage.index],
             requires_grad=requires_grad, **extra)
         r._tpu_storage = storage
         r._tpu_direct = (offset == 0 and size == tuple(storage.array.shape)
@@ -135,11 +136,25 @@ class TpuTensor(torch.Tensor):
     __str__ = __repr__
 
     def __reduce_ex__(self, proto):
-        return (_rebuild, (self.detach().cpu(), self.requires_grad))
+        """Pickled as (storage, geometry): views of one storage share it again when loaded
+        (pickle keeps one copy of the storage); see ``serialization.py`` for map_location."""
+        st = self._tpu_storage
+        if st is None:
+            raise RuntimeError("a tpu tensor traced by torch.compile has no value to save")
+        errors.raise_pending()
+        return (rebuild_tensor, (st, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype,
+                                 self.requires_grad))
 
 
-def _rebuild(cpu: torch.Tensor, requires_grad: bool) -> TpuTensor:
-    t = cpu.to(DEVICE)
+def rebuild_tensor(storage: Storage | torch.Tensor, size: tuple, stride: tuple, offset: int,
+                   dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
+    """Unpickle a tpu tensor saved by ``__reduce_ex__``; ``storage`` came back as a tpu
+    ``Storage``, or, loaded with ``map_location="cpu"``, as a flat CPU tensor."""
+    if isinstance(storage, Storage):
+        t = TpuTensor(storage, size, stride, offset, dtype)
+    else:
+        t = storage.view(dtype) if storage.dtype != dtype else storage
+        t = t.as_strided(size, stride, offset)
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 

@@ -3,10 +3,12 @@
 ``tpu_kernels/patterns.py``)."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import cross_entropy as ce
-from tpu_kernels.pallas import linear_cross_entropy as lce
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+ce = kernel_module("tpu_kernels.pallas.cross_entropy")
+lce = kernel_module("tpu_kernels.pallas.linear_cross_entropy")
 
 
 def _ce_supports(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):

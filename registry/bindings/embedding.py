@@ -1,9 +1,11 @@
 """Pallas embedding gather and its dense backward (scatter-add) bound to ATen."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import embedding as kernel
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+kernel = kernel_module("tpu_kernels.pallas.embedding")
 
 
 @tpu_kernel("aten::embedding", kind="pallas",

@@ -3,9 +3,11 @@ reaches on tpu (``_scaled_dot_product_flash_attention_for_cpu`` and its backward
 ``tpu_kernels/patterns.py``)."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import flash_attention as kernel
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+kernel = kernel_module("tpu_kernels.pallas.flash_attention")
 
 
 def _supports(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):

@@ -14,11 +14,13 @@ import functools
 
 import jax.numpy as jnp
 
-from tpu_kernels.pallas import flex_attention as kernel
-from tpu_kernels.pallas import flex_blocks
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.core import DEFAULT_PRIORITY, Impl
 from tpu_kernels.registry.xla.flex_attention import FLEX_BWD_HOP, FLEX_HOP, FlexSpec
 from tpu_kernels.registry.xla.flex_mods import SCORE_INDEX, Access, Mod
+
+kernel = kernel_module("tpu_kernels.pallas.flex_attention")
+flex_blocks = kernel_module("tpu_kernels.pallas.flex_blocks")
 
 _NAMES = dict(zip(SCORE_INDEX, range(4)))     # b, h, q, kv -> axis of [Ab, Ah, Aq, Ak]
 

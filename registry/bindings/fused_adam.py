@@ -1,9 +1,11 @@
 """Pallas fused Adam/AdamW bound to ``_fused_adam_`` / ``_fused_adamw_`` (optimizer fused=True)."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import fused_adam as kernel
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+kernel = kernel_module("tpu_kernels.pallas.fused_adam")
 
 
 def _supports(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, **kw):

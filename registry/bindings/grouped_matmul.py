@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from tpu_kernels.pallas import grouped_matmul as gmm
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+gmm = kernel_module("tpu_kernels.pallas.grouped_matmul")
 
 
 @tpu_kernel("tpu_kernels::ragged_dot", kind="pallas",

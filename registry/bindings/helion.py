@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import jax
 
-from tpu_kernels.helion_kernels import cumsum as hcumsum
-from tpu_kernels.helion_kernels import glu as hglu
-from tpu_kernels.helion_kernels import layer_norm as hln
-from tpu_kernels.helion_kernels import rms_norm as hrms
-from tpu_kernels.helion_kernels import rope as hrope
-from tpu_kernels.helion_kernels import softmax as hsm
-from tpu_kernels.helion_kernels import topk as htopk
-from tpu_kernels.helion_kernels import var_mean as hvm
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+hcumsum = kernel_module("tpu_kernels.helion_kernels.cumsum")
+hglu = kernel_module("tpu_kernels.helion_kernels.glu")
+hln = kernel_module("tpu_kernels.helion_kernels.layer_norm")
+hrms = kernel_module("tpu_kernels.helion_kernels.rms_norm")
+hrope = kernel_module("tpu_kernels.helion_kernels.rope")
+hsm = kernel_module("tpu_kernels.helion_kernels.softmax")
+htopk = kernel_module("tpu_kernels.helion_kernels.topk")
+hvm = kernel_module("tpu_kernels.helion_kernels.var_mean")
 
 
 def helion(op: str, supports, **kw):

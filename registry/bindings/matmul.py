@@ -1,10 +1,12 @@
 """Pallas tiled matmul bound to mm, addmm and bmm (``linear``/``matmul`` reach these)."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import matmul as kernel
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.registry.xla._util import matmul_precision
+
+kernel = kernel_module("tpu_kernels.pallas.matmul")
 
 
 def _mm_supports(a, b):

@@ -1,9 +1,11 @@
 """Pallas ragged paged attention bound to ``tpu_kernels::ragged_paged_attention``."""
 from __future__ import annotations
 
-from tpu_kernels.pallas import ragged_paged_attention as rpa
+from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
+
+rpa = kernel_module("tpu_kernels.pallas.ragged_paged_attention")
 
 
 def _supports(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, scale=None):

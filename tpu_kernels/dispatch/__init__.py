@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from tpu_kernels import memory as device_memory
 from tpu_kernels import tensor as _tensor
 from tpu_kernels.dispatch.cache import TRACES, cache_info, clear_cache, op_counts
 from tpu_kernels.dispatch.factories import install_factories
@@ -36,6 +37,7 @@ register_runtime_rule(VIEW_RULE, lambda op: op.is_view, run_view)
 # torch.compile each tpu op runs here eagerly, as a graph break.
 _tensor.install_dispatch(torch._dynamo.disable(run, recursive=True), defer_error)
 install_factories()
+device_memory.on_empty_cache(clear_cache)   # torch.tpu.empty_cache() drops cached executables
 
 __all__ = ["run", "run_call", "route", "op_counts", "cache_info", "clear_cache", "TRACES", "meta_args",
            "register_runtime", "register_special"]

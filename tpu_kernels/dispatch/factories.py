@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import torch
 
+from tpu_kernels import devices
+from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.dispatch.run import run
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.opnames import lookup_op
@@ -22,7 +25,17 @@ _LIB = torch.library.Library("aten", "IMPL")
 
 
 def _factory_kernel(op, *args, **kwargs):
-    return run(op, args, kwargs)
+    i = devices.index(kwargs.get("device"))   # "tpu:5" with fewer devices raises here
+    if i == 0:
+        out = run(op, args, kwargs)
+    else:
+        dev = devices.jax_device(i)
+        with jax.default_device(dev):   # made on tpu:i (its storage says so) ...
+            out = run(op, args, kwargs)
+        st = out._tpu_storage           # ... and kept there: later ops run where it is
+        st.array = jax.device_put(st.array, dev)
+    fmt = kwargs.get("memory_format")
+    return out if fmt is None else laid_out(out, out, fmt)
 
 
 def install_factories() -> None:

@@ -12,7 +12,7 @@ from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.storage import Storage, to_dense
-from tpu_kernels.tensor import TpuTensor, wrap, write
+from tpu_kernels.tensor import TpuTensor, read, wrap, write
 
 
 def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
@@ -89,3 +89,21 @@ def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
     if order is None:   # not a dense layout (torch's meta functions rarely say so)
         return wrap(array, meta.dtype)
     return TpuTensor(Storage(to_dense(array, order)), array.shape, stride, 0, meta.dtype)
+
+
+_CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)
+
+
+def laid_out(out: TpuTensor, x: torch.Tensor, memory_format) -> TpuTensor:
+    """``out`` (contiguous) in the layout torch gives a copy of ``x`` in ``memory_format``,
+    for the channels-last formats (and ``preserve_format`` of a channels-last ``x``)."""
+    if memory_format not in _CHANNELS_LAST and not (
+            memory_format in (None, torch.preserve_format) and x.dim() in (4, 5)
+            and not x.is_contiguous() and x.is_contiguous(memory_format=_CHANNELS_LAST[x.dim() - 4])):
+        return out
+    fmt = memory_format if memory_format in _CHANNELS_LAST else _CHANNELS_LAST[x.dim() - 4]
+    stride = torch.empty(out.shape, device="meta").contiguous(memory_format=fmt).stride()
+    order = strided.memory_order(tuple(out.shape), stride)
+    if order is None or stride == out.stride():
+        return out
+    return TpuTensor(Storage(to_dense(read(out), order), out._tpu_storage.index), out.shape, stride, 0, out.dtype)

@@ -79,7 +79,7 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     dyn = [leaf_value(v) for v in sp.leaves]
     if compiled.impl.random:
         trace = graph_trace.active()
-        dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1))
+        dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1, kwargs.get("generator")))
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
         return finish(compiled, args, kwargs, compiled.fn(*[lazy.concrete(d) for d in dyn]))
     try:

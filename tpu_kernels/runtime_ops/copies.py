@@ -2,13 +2,15 @@
 leaves the device (device-side errors are raised first, as CUDA raises its asserts)."""
 from __future__ import annotations
 
+import jax
 import torch
 
-from tpu_kernels import errors
+from tpu_kernels import devices, errors
 from tpu_kernels.dispatch import run_call
+from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.dtypes import to_jax_dtype
-from tpu_kernels.storage import to_jax, to_torch
+from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, value, write
 
 
@@ -30,7 +32,17 @@ def to_copy(op, args, kwargs):
         dtype = kwargs.get("dtype")
         return out.to(dtype) if dtype is not None and dtype != out.dtype else out
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
-    return run_call(op, args, kwargs)
+    out = laid_out(run_call(op, args, kwargs), x, kwargs.get("memory_format"))
+    if device is not None and devices.index(device) != x._tpu_storage.index:   # tpu:i -> tpu:j
+        i = devices.index(device)
+        out = TpuTensor(Storage(jax.device_put(read(out), devices.jax_device(i)), i), out.shape, None, 0, out.dtype)
+    return out
+
+
+@runtime_handler("aten::clone")
+def clone(op, args, kwargs):
+    """``x.contiguous(memory_format=torch.channels_last)`` (a clone) lays its result out so."""
+    return laid_out(run_call(op, args, kwargs), args[0], kwargs.get("memory_format"))
 
 
 @runtime_handler("aten::copy_")
@@ -55,6 +67,6 @@ def copy_from(op, args, kwargs):
 
 def copy_into(dst: TpuTensor, src: torch.Tensor) -> TpuTensor:
     """Copy a CPU tensor into a tpu tensor (broadcast, cast), in place."""
-    new = to_jax(src)
+    new = to_jax(src, dst._tpu_storage.index)
     write(dst, new.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else new)
     return dst

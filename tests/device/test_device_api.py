@@ -1,0 +1,151 @@
+"""torch.tpu answers what torch.cuda does: memory, names, streams, events, generators,
+torch.accelerator, pinned memory, channels_last (issue 20)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import tpu_kernels  # noqa: F401
+from tpu_kernels.dispatch import cache_info
+
+
+def test_memory_counters_move_with_tensors():
+    gc.collect()
+    torch.tpu.reset_peak_memory_stats()
+    before = torch.tpu.memory_allocated()
+    x = torch.empty(1024, 256, device="tpu")            # 1 MiB of float32
+    assert torch.tpu.memory_allocated() - before == 1024 * 256 * 4
+    assert torch.tpu.max_memory_allocated() >= before + 1024 * 256 * 4
+    v = x[:10]                                           # a view holds no memory of its own
+    assert torch.tpu.memory_allocated() - before == 1024 * 256 * 4
+    del x, v
+    gc.collect()
+    assert torch.tpu.memory_allocated() == before
+    assert torch.tpu.max_memory_allocated() >= before + 1024 * 256 * 4
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == before
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == before
+    assert torch.tpu.memory_reserved() >= 0 and torch.tpu.max_memory_reserved() >= 0
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    assert "allocated_bytes.all.current" in torch.tpu.memory_summary()
+
+
+def test_empty_cache_drops_executables():
+    torch.ones(3, device="tpu").add(1).cpu()
+    assert cache_info()["ops"].size > 0
+    torch.tpu.empty_cache()
+    assert cache_info()["ops"].size == 0 and cache_info()["views"].size == 0
+    assert torch.ones(3, device="tpu").add(1).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_device_name_and_properties():
+    name = torch.tpu.get_device_name()
+    assert name == torch.tpu.get_device_name(0) == torch.tpu.get_device_properties(0).name
+    assert name == "cpu (no TPU)" or name.startswith("TPU")
+    props = torch.tpu.get_device_properties(torch.device("tpu"))
+    assert props.total_memory > 0 and props.index == 0
+
+
+def test_device_index_errors_like_cuda():
+    for bad in (lambda: torch.ones(1, device="tpu:7"), lambda: torch.tpu.set_device(7),
+                lambda: torch.zeros(2).to("tpu:7"), lambda: torch.tpu.device(7).__enter__()):
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            bad()
+    with torch.tpu.device(0):
+        assert torch.tpu.current_device() == 0
+
+
+def test_streams_and_events():
+    s = torch.tpu.Stream()
+    assert torch.tpu.current_stream() == torch.tpu.default_stream()
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_stream() is s
+        y = torch.randn(64, 64, device="tpu") @ torch.randn(64, 64, device="tpu")
+    assert torch.tpu.current_stream() == torch.tpu.default_stream()
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    y = y @ y
+    end.record()
+    end.synchronize()
+    assert end.query() and s.query()
+    assert start.elapsed_time(end) >= 0.0
+    s.wait_event(end)
+    s.wait_stream(torch.tpu.default_stream())
+    s.synchronize()
+    ev = s.record_event()
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        ev.elapsed_time(end)
+
+
+def test_accelerator_api():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.device_count() == torch.tpu.device_count()
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.synchronize()
+    x = torch.ones(256, device="tpu")
+    assert torch.accelerator.memory_allocated() >= x.numel() * 4
+    assert torch.accelerator.current_stream() == torch.tpu.current_stream()
+    torch.accelerator.empty_cache()
+
+
+def test_generator_on_tpu():
+    g = torch.Generator(device="tpu")
+    assert g.device == torch.device("tpu", 0) and isinstance(g, torch.Generator)
+    assert isinstance(torch.default_generator, torch.Generator)
+    g.manual_seed(1)
+    a = torch.randn(5, device="tpu", generator=g)
+    state = g.get_state()
+    b = torch.randn(5, device="tpu", generator=g)
+    g.set_state(state)
+    assert torch.equal(torch.randn(5, device="tpu", generator=g).cpu(), b.cpu())
+    assert not torch.equal(a.cpu(), b.cpu())
+    g.manual_seed(1)
+    assert torch.equal(torch.randn(5, device="tpu", generator=g).cpu(), a.cpu())
+    x, y = torch.empty(6, device="tpu"), torch.empty(6, device="tpu")
+    x.uniform_(generator=g.manual_seed(3))
+    y.uniform_(generator=g.manual_seed(3))
+    assert torch.equal(x.cpu(), y.cpu()) and g.initial_seed() == 3
+    torch.manual_seed(0)                                 # the device generator is untouched
+    u = torch.rand(4, device="tpu")
+    torch.manual_seed(0)
+    torch.rand(4, device="tpu", generator=g)
+    assert torch.equal(torch.rand(4, device="tpu").cpu(), u.cpu())
+    assert torch.Generator().device.type == "cpu"
+
+
+def test_pinned_memory_and_non_blocking_copies():
+    t = torch.arange(6.0)
+    p = t.pin_memory()
+    assert p.is_pinned() and not t.is_pinned()
+    assert torch.equal(p, t)
+    x = p.to("tpu", non_blocking=True)
+    assert x.device.type == "tpu" and x.cpu().tolist() == t.tolist()
+    back = x.to("cpu", non_blocking=True)
+    torch.tpu.synchronize()
+    assert back.tolist() == t.tolist()
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.arange(8))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
+    for xb, yb in loader:
+        assert xb.is_pinned() and yb.is_pinned()
+        assert xb.to("tpu", non_blocking=True).shape == (4, 3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.to(memory_format=torch.channels_last),
+    lambda x: x.contiguous(memory_format=torch.channels_last),
+    lambda x: x.clone(memory_format=torch.channels_last),
+])
+def test_channels_last_answers_as_torch(make):
+    cpu = torch.randn(2, 3, 4, 5)
+    want, got = make(cpu), make(cpu.to("tpu"))
+    assert got.stride() == want.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    torch.testing.assert_close((got * 2).cpu(), want * 2, rtol=0, atol=0)
+    e = torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last)
+    assert e.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()

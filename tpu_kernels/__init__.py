@@ -16,7 +16,11 @@ runtime's own handlers) -> modes (``deferred_mode``, ``compile_backend``,
 """
 from __future__ import annotations
 
-from tpu_kernels import device as _device
+from tpu_kernels import platform as _platform
+
+_platform.choose_platforms()  # before JAX starts a backend (no TPU chips: no TPU backend)
+
+from tpu_kernels import device as _device  # noqa: E402
 
 _device.setup()  # before anything names torch.device("tpu")
 

@@ -13,11 +13,14 @@ from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.storage import Storage, to_dense
-from tpu_kernels.tensor import TpuTensor, wrap, write
+from tpu_kernels.tensor import TpuTensor, wrap, wrap_known, write
 
 
 def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     """The op's returns from the impl's output ``out``; mutated arguments written."""
+    single = compiled.single_out
+    if single is not None and not graph_trace.active():   # the common eager case
+        return wrap_known(out[0], *single)
     plan = compiled.plan
     eager = compiled.impl.data_dependent
     if not plan.mutated:

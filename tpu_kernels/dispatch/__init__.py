@@ -45,6 +45,7 @@ def _entry(op, args: tuple, kwargs: dict):
     return _guarded_run(op, args, kwargs)
 
 
+torch._dynamo.eval_frame.skip_code(_entry.__code__)   # Dynamo runs this frame, never traces it
 _tensor.install_dispatch(_entry, defer_error)
 install_factories()
 

@@ -40,12 +40,12 @@ _frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
 
 def _entry(op, args: tuple, kwargs: dict):
-    if _frame_callback() is None:
-        return run(op, args, kwargs)
-    return _guarded_run(op, args, kwargs)
+    # is_compiling() first: Dynamo, inlining this, folds it to True and never sees the callback
+    if torch.compiler.is_compiling() or _frame_callback() is not None:
+        return _guarded_run(op, args, kwargs)
+    return run(op, args, kwargs)
 
 
-torch._dynamo.eval_frame.skip_code(_entry.__code__)   # Dynamo runs this frame, never traces it
 _tensor.install_dispatch(_entry, defer_error)
 install_factories()
 

@@ -1,19 +1,49 @@
-"""Per-op eager latency on tpu vs torch CPU eager: what an eager user feels.
+"""Eager dispatch cost, deferred mode's gain, first-call latency: one run, ratios.
 
-    python -m tpu_kernels.bench.dispatch
+    python -m tpu_kernels.bench.dispatch [--quick] [--json out.json] [--compare old.json]
+                                         [--first-call]
+
+Rows (every ratio is a cost ratio: lower is better, and all come from this one run):
+- eager ops and a decoder forward, tpu vs torch CPU (``tpu/cpu``); the add also vs a bare
+  cached ``jax.jit`` call of the same add (``tpu/jit``, the dispatch floor);
+- deferred mode vs plain eager on the small GPT forward, its training step and a tiny
+  Llama's training step (``deferred/eager``; 0.67 is a 1.5x gain);
+- the stage split of an eager add (``dispatch_stages.py``);
+- with ``--first-call``: the decoder forward's first call in a fresh process, with an
+  empty persistent compile cache (cold) and again with the one that run left (warm).
+Timings alternate between the two sides of a ratio, round by round, and take the median
+of every call, so a busy machine slows both sides alike. ``--compare OLD.json`` flags
+ratios more than 10% worse than the old run's and exits 1 if any is.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
 
+import jax
 import torch
+import torch.nn.functional as F
 
+from tpu_kernels.bench import dispatch_stages
+from tpu_kernels.bench.timing import sync
 from tpu_kernels.deferred_mode import deferred
-from tpu_kernels.bench.timing import measure
 from tpu_kernels.models import GPT, GPTConfig
 
+FORMAT = "tpu_kernels-dispatch-bench/1"
+SLOWER = 1.10      # --compare flags a ratio this much worse than before
+DECODER = GPTConfig(vocab=256, seq=128, dim=256, heads=8, layers=2)
 
-def cases() -> list[tuple[str, callable]]:
+
+def _ops() -> dict[str, Callable[[str], Callable[[], Any]]]:
     def add(d):
         a, b = torch.randn(64, 64, device=d), torch.randn(64, 64, device=d)
         return lambda: a + b
@@ -26,43 +56,199 @@ def cases() -> list[tuple[str, callable]]:
         a = torch.randn(1024, 1024, device=d)
         return lambda: a.softmax(-1)
 
-    def gpt(d):
+    def layer_norm(d):
+        x, w, b = torch.randn(512, 768, device=d), torch.randn(768, device=d), torch.randn(768, device=d)
+        return lambda: F.layer_norm(x, (768,), w, b)
+
+    def decoder(d):
         torch.manual_seed(0)
-        model = GPT(GPTConfig()).to(d).eval()
-        tokens = torch.randint(0, 256, (4, 32)).to(d)
+        model = GPT(DECODER).to(d).eval()
+        tokens = torch.randint(0, DECODER.vocab, (4, DECODER.seq)).to(d)
 
         def fwd():
             with torch.no_grad():
                 return model(tokens)
         return fwd
-    def gpt_deferred(d):
-        fwd = gpt(d)
-        if d == "cpu":
-            return fwd
-
-        def deferred_fwd():
-            with deferred():
-                return fwd()
-        return deferred_fwd
-    return [("add 64x64", add), ("mm 256x256", mm), ("softmax 1024x1024", softmax),
-            ("small GPT forward", gpt), ("GPT forward, deferred", gpt_deferred)]
+    return {"add 64x64": add, "matmul 256": mm, "softmax 1024x1024": softmax,
+            "layer_norm 512x768": layer_norm, "decoder (2 blocks, d256, b4 s128) forward": decoder}
 
 
-def run(iters: int = 50, out=print) -> list[dict]:
+def _jit_add() -> Callable[[], Any]:
+    a, b = torch.randn(64, 64, device="tpu").jax(), torch.randn(64, 64, device="tpu").jax()
+    f = jax.jit(lambda x, y: x + y)
+    return lambda: f(a, b)
+
+
+def _gpt_forward(defer: bool) -> Callable[[], Any]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig()).to("tpu").eval()
+    tokens = torch.randint(0, 256, (4, 32)).to("tpu")
+
+    def fwd():
+        with torch.no_grad(), deferred() if defer else contextlib.nullcontext():
+            return model(tokens)
+    return fwd
+
+
+def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], defer: bool) -> Callable[[], Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        with deferred() if defer else contextlib.nullcontext():
+            opt.zero_grad()
+            loss = loss_of()
+            loss.backward()
+            opt.step()
+        return loss
+    return step
+
+
+def _gpt_step(defer: bool) -> Callable[[], Any]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig()).to("tpu").train()
+    tokens = torch.randint(0, 256, (4, 32)).to("tpu")
+    return _train(model, lambda: model.loss(tokens), defer)
+
+
+def _llama_step(defer: bool) -> Callable[[], Any]:
+    import transformers   # heavy, and only this workload needs it
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to("tpu").train()
+    tokens = torch.randint(0, 256, (2, 32)).to("tpu")
+    return _train(model, lambda: model(input_ids=tokens, labels=tokens).loss, defer)
+
+
+DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_step,
+            "tiny Llama training step": _llama_step}
+
+
+def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
+    """Seconds per call of each fn (result waited for), rounds alternating between them."""
+    first = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        sync(fn())
+        first[name] = time.perf_counter() - t0
+        for _ in range(2):
+            sync(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                sync(fn())
+                times[name].append(time.perf_counter() - t0)
+    return {name: {"median_s": statistics.median(ts), "first_s": first[name]} for name, ts in times.items()}
+
+
+def _row(case: str, kind: str, num: str, den: str, t: dict) -> dict:
+    return {"case": case, "kind": kind, "num": num, "den": den, "num_s": t[num]["median_s"],
+            "den_s": t[den]["median_s"], "ratio": t[num]["median_s"] / t[den]["median_s"]}
+
+
+def eager_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[dict]:
     rows = []
-    out(f"{'case':<20} {'cpu us':>10} {'tpu us':>10} {'tpu/cpu':>8} {'tpu first call ms':>18}")
-    for name, make in cases():
-        cpu = measure(make("cpu"), iters=iters)
-        tpu = measure(make("tpu"), iters=iters)
-        ratio = tpu["median"] / cpu["median"]
-        rows.append({"case": name, "cpu_s": cpu["median"], "tpu_s": tpu["median"], "ratio": ratio,
-                     "tpu_first_s": tpu["first"]})
-        out(f"{name:<20} {cpu['median'] * 1e6:>10.1f} {tpu['median'] * 1e6:>10.1f} {ratio:>8.2f} "
-            f"{tpu['first'] * 1e3:>18.1f}")
+    for case, make in _ops().items():
+        fns = {"tpu": make("tpu"), "cpu": make("cpu")}
+        if case == "add 64x64":
+            fns["jit"] = _jit_add()
+        n = iters if "decoder" not in case else max(iters // 10, 3)
+        t = side_by_side(fns, rounds, n)
+        rows.append(_row(case, "eager tpu/cpu", "tpu", "cpu", t))
+        if "jit" in fns:
+            rows.append(_row(case, "eager tpu/jit", "tpu", "jit", t))
+        for r in rows[-1 - ("jit" in fns):]:
+            out(_line(r))
     return rows
 
 
+def deferred_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[dict]:
+    rows = []
+    for case, make in DEFERRED.items():
+        t = side_by_side({"deferred": make(True), "eager": make(False)}, rounds, iters)
+        rows.append(_row(case, "deferred/eager", "deferred", "eager", t))
+        out(_line(rows[-1]) + f"   ({1 / rows[-1]['ratio']:.2f}x faster deferred)")
+    return rows
+
+
+def _line(r: dict) -> str:
+    return (f"{r['case']:<44} {r['kind']:<15} {r['num_s'] * 1e6:>10.1f} us {r['den_s'] * 1e6:>10.1f} us"
+            f" {r['ratio']:>7.2f}")
+
+
+def first_call(out: Callable[[str], None]) -> dict[str, float]:
+    """The decoder forward's first call in a new process: cold, then warm compile cache."""
+    res = {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ, TPU_KERNELS_JAX_CACHE=cache_dir)
+        for label in ("cold", "warm"):
+            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", "--first-call-child"],
+                                  env=env, capture_output=True, text=True, check=True)
+            res[label] = float(proc.stdout.strip().splitlines()[-1])
+            out(f"decoder forward, first call, {label} compile cache: {res[label]:.3f} s")
+    return res
+
+
+def _first_call_child() -> None:
+    fwd = _ops()["decoder (2 blocks, d256, b4 s128) forward"]("tpu")
+    t0 = time.perf_counter()
+    sync(fwd())
+    sys.stdout.write(f"{time.perf_counter() - t0}\n")
+
+
+def compare(new: dict, old: dict) -> list[str]:
+    """Rows whose ratio is more than 10% worse (higher) than in ``old``."""
+    before = {(r["case"], r["kind"]): r["ratio"] for r in old.get("rows", [])}
+    flagged = []
+    for r in new["rows"]:
+        was = before.get((r["case"], r["kind"]))
+        if was is not None and r["ratio"] > was * SLOWER:
+            flagged.append(f"SLOWER: {r['case']} {r['kind']}: {was:.2f} -> {r['ratio']:.2f}")
+    return flagged
+
+
+def run(quick: bool = False, first: bool = False, out: Callable[[str], None] = print) -> dict:
+    rounds, iters = (2, 5) if quick else (5, 20)
+    out(f"{'case':<44} {'ratio':<15} {'numerator':>13} {'denominator':>13} {'ratio':>7}")
+    result: dict[str, Any] = {"format": FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                              "rows": eager_rows(rounds, iters, out)}
+    result["rows"] += deferred_rows(rounds, max(iters // 4, 3), out)
+    result["stages_us"] = dispatch_stages.stage_split(n=200 if quick else 2000, rounds=1 if quick else 3)
+    out("eager add 64x64, microseconds per stage (every cache hit):")
+    for k, v in result["stages_us"].items():
+        out(f"  {k:<50} {v:>8.2f}")
+    if first:
+        result["first_call_s"] = first_call(out)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--compare", help="a JSON file of an earlier run: flag ratios >10%% worse")
+    p.add_argument("--first-call", action="store_true", help="time the decoder's first call, cold and warm")
+    p.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.first_call_child:
+        _first_call_child()
+        return 0
+    result = run(args.quick, args.first_call)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.compare:
+        with open(args.compare) as f:
+            flagged = compare(result, json.load(f))
+        for line in flagged:
+            print(line)
+        return 1 if flagged else 0
+    return 0
+
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--iters", type=int, default=50)
-    run(p.parse_args().iters)
+    sys.exit(main())

@@ -195,6 +195,16 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
 
 
+def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype) -> TpuTensor:
+    """``wrap`` for the hot path: ``array`` is known to have shape ``size`` (non-empty),
+    contiguous ``stride`` and torch dtype ``dtype``, so nothing is recomputed."""
+    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICE)
+    r._tpu_storage = Storage(array)
+    r._tpu_direct = True
+    r._tpu_cache = None
+    return r
+
+
 def read(t: TpuTensor) -> jax.Array:
     """The value of ``t``: its storage's array, or the view cut out of it. While deferred
     mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from tpu_kernels import strided
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.fallback import decomposition_runner, run_on_cpu
 from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
@@ -41,7 +42,18 @@ def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
     write_dtypes = [_mutated_dtype(plan.arg(i, args, kwargs)) for i in plan.mutated]
     fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
     _log(r)
-    return CompiledCall(impl, fn, plan, result_meta, write_dtypes)
+    return CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
+
+
+def _single_out(plan: OpPlan, result_meta) -> tuple | None:
+    """The geometry of an op's one returned tensor when eager wraps it as is (see
+    ``results.finish``); None for every other kind of return."""
+    if plan.mutated or not isinstance(result_meta, torch.Tensor) or result_meta.numel() == 0:
+        return None
+    size, stride = tuple(result_meta.shape), strided.contiguous_strides(tuple(result_meta.shape))
+    if tuple(result_meta.stride()) != stride:   # kept in torch's layout (results.wrap_result)
+        return None
+    return size, stride, result_meta.dtype
 
 
 def _log(r: Route) -> None:

@@ -23,6 +23,8 @@ class CompiledCall:
     write_dtypes: list              # for mutated args: torch dtype to write, per leaf
     calls: int = 0
     torch_fn: Callable[..., Any] | None = None   # decomposition / CPU fallback (torch land)
+    # one non-empty tensor returned, nothing written: its (sizes, contiguous strides, dtype)
+    single_out: tuple | None = None
 
 
 _RETIRED: dict[tuple[str, str], int] = {}   # calls of evicted entries, for op_counts

@@ -8,15 +8,19 @@ import jax
 import torch
 
 from tpu_kernels import strided
+from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.storage import Storage, to_dense
-from tpu_kernels.tensor import TpuTensor, read, wrap, write
+from tpu_kernels.tensor import TpuTensor, read, wrap, wrap_known, write
 
 
 def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     """The op's returns from the impl's output ``out``; mutated arguments written."""
+    single = compiled.single_out
+    if single is not None and not graph_trace.active():   # the common eager case
+        return wrap_known(out[0], *single)
     plan = compiled.plan
     eager = compiled.impl.data_dependent
     if not plan.mutated:

@@ -16,11 +16,11 @@ from torch._ops import OpOverload
 from tpu_kernels import errors, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
-from tpu_kernels.dispatch.cache import mode_token
+from tpu_kernels.dispatch.cache import CompiledCall, mode_token
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import op_plan
 from tpu_kernels.dispatch.results import finish
-from tpu_kernels.dispatch.signature import leaf_value, split
+from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.route import runtime_route
 
@@ -62,6 +62,15 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run one call through its signature's ``CompiledCall`` (the route after runtime
     handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
     refusal). A runtime handler hands calls it does not take itself on to here."""
+    compiled, sp = lookup(op, args, kwargs)
+    compiled.calls += 1
+    if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
+        return compiled.torch_fn(op, args, kwargs)
+    return finish(compiled, args, kwargs, execute(op, compiled, leaves(compiled, sp, kwargs), args, kwargs))
+
+
+def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Split]:
+    """The call's ``CompiledCall`` (built on its signature's first call) and its split."""
     plan = op_plan(op)
     sp, targs, tkw = split(plan, args, kwargs)
     key = (op, targs, tkw, tuple(sp.sig), mode_token())
@@ -73,15 +82,23 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         sp, targs, tkw = split(plan, args, kwargs, compiled.impl.static)
         key = (key, targs, tkw)
         compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw))
-    compiled.calls += 1
-    if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
-        return compiled.torch_fn(op, args, kwargs)
+    return compiled, sp
+
+
+def leaves(compiled: CompiledCall, sp: Split, kwargs: dict) -> list:
+    """The values the executable takes: each input read, and a PRNG key for a random impl."""
     dyn = [leaf_value(v) for v in sp.leaves]
     if compiled.impl.random:
         trace = graph_trace.active()
         dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1, kwargs.get("generator")))
+    return dyn
+
+
+def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwargs: dict) -> Any:
+    """Run (or, while deferred mode records, record) the executable; its check flags are
+    watched. Returns the impl's outputs."""
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
-        return finish(compiled, args, kwargs, compiled.fn(*[lazy.concrete(d) for d in dyn]))
+        return compiled.fn(*[lazy.concrete(d) for d in dyn])
     try:
         out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else compiled.fn(*dyn)
     except Exception as exc:
@@ -95,4 +112,4 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             trace.add_checks(flags, str(op), compiled.fn.checks)
         else:
             errors.watch(flags, str(op), compiled.fn.checks)
-    return finish(compiled, args, kwargs, out)
+    return out

@@ -64,7 +64,15 @@ class Split:
 def split(plan: OpPlan, args: tuple, kwargs: dict, static_scalars: tuple[str, ...] = ()) -> tuple[Split, tuple, tuple]:
     s = Split(plan.op, static_scalars)
     kinds, names = plan.pos_kinds, plan.names
-    targs = tuple(s.conv(kinds[i], names[i], a) for i, a in enumerate(args))
+    targs = []
+    for i, a in enumerate(args):
+        if type(a) is TpuTensor and kinds[i] == TENSOR:   # the common case, inlined
+            s.leaves.append(a)
+            s.sig.append((a.shape, a.dtype))
+            targs.append(SLOT)
+        else:
+            targs.append(s.conv(kinds[i], names[i], a))
+    targs = tuple(targs)
     tkw = tuple((k, s.conv(plan.kw_kinds.get(k, STATIC), k, v)) for k, v in kwargs.items())
     return s, targs, tkw
 

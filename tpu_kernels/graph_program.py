@@ -22,7 +22,11 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tpu_kernels import dispatch, errors, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
+from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
+from tpu_kernels.pallas.tpu_info import pinned
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, wrap
@@ -33,8 +37,10 @@ log = logging.getLogger(__name__)
 class GraphProgram:
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 options: CompileOptions | None = None) -> None:
         self.gm = gm
+        self.options = options or CompileOptions()
         self.is_tensor = [isinstance(x, torch.Tensor) for x in example_inputs]
         self.n_random = 0      # random ops in the graph (known after the first trace)
         self.traces = 0
@@ -74,14 +80,14 @@ class GraphProgram:
         and the graph's other arguments) over storages ``arrays`` and a random ``key``
         (abstract values, e.g. placed on a TPU chip: ``tpu_kernels.aot`` compiles models
         this way)."""
-        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+        statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(_geometry(a) for a, t in zip(args, self.is_tensor) if t))
         return self._jitted.lower(statics, key, *arrays)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [concrete(st.array) for st, _ in sources]
-        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+        statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(g for _, g in sources))
         taken = self.n_random
         key = random_state.reserve(taken)
@@ -118,12 +124,13 @@ class GraphProgram:
         """Run the graph on tpu tensors over the jit's tracers; returns the storages the
         outputs live in (and mutated inputs' new values) plus the check flags."""
         self.traces += 1
-        scalars, geometries = statics
+        _, scalars, geometries = statics
         inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
         views, st = iter(inputs), iter(scalars)
         args = [next(views) if t else next(st) for t in self.is_tensor]
         before = dispatch.op_counts()
-        result, flags = self._run_graph(args, key)
+        with self.options.tracing():
+            result, flags = self._run_graph(args, key)
         after = dispatch.op_counts()
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
         storages, self._layouts[statics] = _output_layout(
@@ -242,6 +249,13 @@ def _host(t: torch.Tensor) -> TpuTensor:
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return wrap(to_jax(t), t.dtype)
     return wrap(t.detach().numpy(), t.dtype)
+
+
+def settings() -> tuple:
+    """What the registry decides by besides the arguments (its table and switches, matmul
+    precision, index checks, the chip kernels are compiled for): part of every program's
+    key, so a call under other settings traces again."""
+    return (REGISTRY.switches(), torch.get_float32_matmul_precision(), INDEX_CHECKS.on, pinned())
 
 
 def _static(a: Any) -> Any:

@@ -95,6 +95,7 @@ class Registry:
         self._lock = threading.RLock()
         self._state = _Enablement()
         self.epoch = 0  # bumped on every change; part of every dispatch cache key
+        self._version = 0  # bumped when impls or rules are added or removed
 
     # -- building the table -------------------------------------------------
     def add(self, impl: Impl) -> Impl:
@@ -103,6 +104,7 @@ class Registry:
             impls.append(impl)
             impls.sort(key=lambda i: -i.priority)
             self.epoch += 1
+            self._version += 1
         return impl
 
     def remove(self, impl: Impl) -> None:
@@ -111,11 +113,13 @@ class Registry:
             if impl in impls:
                 impls.remove(impl)
             self.epoch += 1
+            self._version += 1
 
     def add_rule(self, rule: Rule) -> Rule:
         with self._lock:
             self._rules.append(rule)
             self.epoch += 1
+            self._version += 1
         return rule
 
     # -- questions -----------------------------------------------------------
@@ -143,6 +147,14 @@ class Registry:
 
     def has(self, op: Any) -> bool:
         return bool(self._table.get(op))
+
+    def switches(self) -> tuple:
+        """The table's version and the switches in force (disabled kinds, interpret mode,
+        forced impls): what resolution depends on. Unlike ``epoch``, leaving a setting and
+        entering it again gives the same value, so compiled graphs key their programs by it."""
+        st = self._state
+        return (self._version, st.disabled, st.interpret,
+                tuple((str(op), id(impl)) for op, impl in st.forced.items()))
 
     def disabled(self, kind: str) -> bool:
         return kind in self._state.disabled

@@ -5,38 +5,45 @@ subclass: see ``shadow.py``); AOTAutograd functionalizes it (in-place updates an
 mutations become outputs it writes back) and, for training, splits it into a forward and
 a backward graph. Each graph becomes one ``GraphProgram``: one ``jax.jit`` whose nodes
 run through the registry, so forward and backward are one XLA executable each. Graph
-breaks, guards and recompiles are torch.compile's own.
+breaks, guards and recompiles are torch.compile's own. ``mode`` and ``options``: see
+``compile_options.py``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo import list_backends, register_backend
+from torch._dynamo.backends.common import aot_autograd
 
+from tpu_kernels import compile_options
+from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                  options: CompileOptions | None = None) -> Callable:
     """AOTAutograd's compiler hook: one ATen graph -> one jitted program (boxed call)."""
-    from functorch.compile import make_boxed_func
-    program = GraphProgram(gm, example_inputs)
+    program = GraphProgram(gm, example_inputs, options)
     PROGRAMS.append(program)
     return make_boxed_func(program)
 
 
-def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-    """The ``tpu`` Dynamo backend."""
-    from torch._dynamo.backends.common import aot_autograd
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+                options: dict[str, Any] | None = None) -> Callable:
+    """The ``tpu`` Dynamo backend (``mode`` and ``options`` as ``torch.compile`` passes them)."""
+    compiler = functools.partial(compile_graph, options=compile_options.parse(mode, options))
     # in-place updates of inputs stay inside inference graphs (an optimizer step): the
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def register() -> None:
-    from torch._dynamo import list_backends, register_backend
     if "tpu" not in list_backends(exclude_tags=()):
         register_backend(tpu_backend, name="tpu")

@@ -20,11 +20,16 @@ import jax
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tpu_kernels import dispatch, errors, random_state, shadow
+from tpu_kernels import dispatch, errors, random_state, shadow, strided
+from tpu_kernels.dispatch.results import wrap_result
+from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
+from tpu_kernels.pallas.tpu_info import pinned
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor import TpuTensor, read, wrap
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +48,10 @@ def register_program_hook(hook) -> None:
 class GraphProgram:
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 options: CompileOptions | None = None) -> None:
         self.gm = gm
+        self.options = options or CompileOptions()
         self.is_tensor = [isinstance(x, torch.Tensor) for x in example_inputs]
         self.n_random = 0      # random ops in the graph (known after the first trace)
         self.traces = 0
@@ -55,6 +62,7 @@ class GraphProgram:
         hooked = (hook(gm, self._trace) for hook in _PROGRAM_HOOKS)
         self._jitted = next((j for j in hooked if j is not None), None) or \
             jax.jit(self._trace, static_argnums=(0,))
+        _constants_on_device(gm)
         # a result shape that depends on values (bool-mask indexing, repeat_interleave by
         # a tensor) cannot be one XLA program: such a graph runs op by op, as eager does
         self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
@@ -67,18 +75,15 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = [a for a, t in zip(args, self.is_tensor) if t]
-        # CPU tensor inputs (0-dim scalars, step counters) ride along as host arrays
-        cpu = {i: a for i, a in enumerate(tensors) if a.device.type == "cpu"}
-        owners = [_host(a) if i in cpu else owner_of(a) for i, a in enumerate(tensors)]
+        sources = [source_of(a) for a in tensors]     # (storage, geometry) per tensor input
         if self.eager:
-            it = iter(owners)
+            it = (TpuTensor(st, *g) for st, g in sources)
             with torch.no_grad():
                 out = list(self.gm(*(next(it) if t else a for a, t in zip(args, self.is_tensor))))
         else:
-            out = self._run_jitted(args, owners)
-        for i, a in cpu.items():    # the graph may have updated them in place
-            st = owners[i]._tpu_storage
-            if st.version:
+            out = self._run_jitted(args, sources)
+        for a, (st, _) in zip(tensors, sources):    # the graph may have updated CPU inputs
+            if a.device.type == "cpu" and st.version:
                 a.copy_(to_torch(st.array).reshape(a.shape))
         self.calls += 1
         return [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
@@ -88,15 +93,15 @@ class GraphProgram:
         and the graph's other arguments) over storages ``arrays`` and a random ``key``
         (abstract values, e.g. placed on a TPU chip: ``tpu_kernels.aot`` compiles models
         this way)."""
-        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+        statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(_geometry(a) for a, t in zip(args, self.is_tensor) if t))
         return self._jitted.lower(statics, key, *arrays)
 
-    def _run_jitted(self, args: tuple, owners: list) -> list[Any]:
+    def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
-        tensors = [concrete(o._tpu_storage.array) for o in owners]
-        statics = (tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
-                   tuple(_geometry(o) for o in owners))
+        tensors = [concrete(st.array) for st, _ in sources]
+        statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
+                   tuple(g for _, g in sources))
         taken = self.n_random
         key = random_state.reserve(taken)
         storages, flags = self._jitted(statics, key, *tensors)
@@ -104,15 +109,15 @@ class GraphProgram:
             random_state.reserve(self.n_random - taken)
         for f, (op, checks) in zip(flags, self._checks[statics]):
             errors.watch(f, op, checks)
-        return self._results(statics, owners, storages)
+        return self._results(statics, [st for st, _ in sources], storages)
 
-    def _results(self, statics: tuple, owners: list, arrays: list) -> list[Any]:
+    def _results(self, statics: tuple, inputs: list[Storage], arrays: list) -> list[Any]:
         """The graph's outputs as tpu tensors: views of the real inputs where the graph's
         outputs were views of its inputs (AOTAutograd rebuilds aliases from them), and
         new storages, shared as in the graph, for the rest; mutated inputs written back."""
         written, layout = self._layouts[statics]
         for k, slot in written:
-            st = owners[k]._tpu_storage
+            st = inputs[k]
             st.array, st.version = arrays[slot], st.version + 1
         new = {}
         out = []
@@ -122,7 +127,7 @@ class GraphProgram:
                 continue
             kind, where, geometry = entry
             if kind == "input":
-                storage = owners[where]._tpu_storage
+                storage = inputs[where]
             else:
                 storage = new.get(where) or new.setdefault(where, Storage(arrays[where]))
             out.append(TpuTensor(storage, *geometry))
@@ -132,12 +137,13 @@ class GraphProgram:
         """Run the graph on tpu tensors over the jit's tracers; returns the storages the
         outputs live in (and mutated inputs' new values) plus the check flags."""
         self.traces += 1
-        scalars, geometries = statics
+        _, scalars, geometries = statics
         inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
         views, st = iter(inputs), iter(scalars)
         args = [next(views) if t else next(st) for t in self.is_tensor]
         before = dispatch.op_counts()
-        result, flags = self._run_graph(args, key)
+        with self.options.tracing():
+            result, flags = self._run_graph(args, key)
         after = dispatch.op_counts()
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
         storages, self._layouts[statics] = _output_layout(
@@ -151,9 +157,44 @@ class GraphProgram:
         """The graph's nodes dispatched inside this trace: random ops take keys from
         ``key``, check flags become outputs, results take torch's strides."""
         with tracing(GraphTrace(key)) as trace, torch.no_grad():
-            result = self.gm(*args)
+            result = _StridedRun(self.gm).run(*args)
         self.n_random = max(self.n_random, trace.random_ops)
         return result, trace.checks
+
+
+class _StridedRun(torch.fx.Interpreter):
+    """Runs the graph's nodes, giving each new result the strides recorded in the graph:
+    later views were recorded against them. The dispatcher's own choice can differ (its
+    cached result layout may come from an eager call whose inputs were laid out otherwise)."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.op != "call_function" or _returns_alias(n.target):
+            return out
+        val = n.meta.get("val")
+        if isinstance(out, (list, tuple)) and isinstance(val, (list, tuple)) and len(out) == len(val):
+            return type(out)(_restride(o, v) for o, v in zip(out, val))
+        return _restride(out, val)
+
+
+def _returns_alias(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _restride(out: Any, val: Any) -> Any:
+    """``out`` laid out with ``val``'s strides, if it is a new dense tensor that differs."""
+    if not isinstance(out, TpuTensor) or not isinstance(val, torch.Tensor) or out.dim() == 0:
+        return out
+    try:
+        stride = tuple(int(s) for s in val.stride())
+    except TypeError:         # symbolic strides: nothing to match
+        return out
+    if out.stride() == stride or out.storage_offset() != 0 or out._tpu_storage.numel != out.numel():
+        return out
+    if strided.memory_order(tuple(out.shape), stride) is None:
+        return out
+    return wrap_result(read(out), val)
 
 
 def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[list, tuple]:
@@ -181,16 +222,39 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
     return storages, (written, layout)
 
 
-def owner_of(x: torch.Tensor) -> TpuTensor:
-    """The tpu tensor behind a compiled graph's tensor argument (a shadow or itself)."""
+def _constants_on_device(gm: torch.fx.GraphModule) -> None:
+    """``torch.tensor(data, device="tpu")`` inside the compiled code is recorded as a CPU
+    constant copied into a device tensor (``tensor._lift_constant``): the program moves
+    the constant first (a value baked into it), so the copy is one between tpu tensors."""
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy.default):
+        dst, src = node.args[:2]
+        if _device(src) == "cpu" and _device(dst) == "tpu":
+            with gm.graph.inserting_before(node):
+                moved = gm.graph.call_function(torch.ops.aten._to_copy.default, (src,),
+                                               {"device": dst.meta["val"].device})
+            node.replace_input_with(src, moved)
+    gm.recompile()
+
+
+def _device(n: Any) -> str | None:
+    val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return val.device.type if isinstance(val, torch.Tensor) else None
+
+
+def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
+    """The storage and view geometry behind a compiled graph's tensor argument: a tpu
+    tensor, a shadow (whose tensor may be gone), or a CPU tensor (a host array)."""
     if isinstance(x, TpuTensor):
-        return x
-    owner = shadow.owner(x)
-    if owner is None:
-        raise RuntimeError(
-            f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
-            f"{x.dtype}, device {x.device}): only tpu tensors can be its inputs")
-    return owner
+        return x._tpu_storage, _geometry(x)
+    src = shadow.source(x)
+    if src is not None:
+        return src
+    if x.device.type == "cpu":      # 0-dim scalars, step counters: they ride along
+        t = _host(x)
+        return t._tpu_storage, _geometry(t)
+    raise RuntimeError(
+        f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
+        f"{x.dtype}, device {x.device}): only tpu and CPU tensors can be its inputs")
 
 
 def _host(t: torch.Tensor) -> TpuTensor:
@@ -198,6 +262,13 @@ def _host(t: torch.Tensor) -> TpuTensor:
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return wrap(to_jax(t), t.dtype)
     return wrap(t.detach().numpy(), t.dtype)
+
+
+def settings() -> tuple:
+    """What the registry decides by besides the arguments (its table and switches, matmul
+    precision, index checks, the chip kernels are compiled for): part of every program's
+    key, so a call under other settings traces again."""
+    return (REGISTRY.switches(), torch.get_float32_matmul_precision(), INDEX_CHECKS.on, pinned())
 
 
 def _static(a: Any) -> Any:

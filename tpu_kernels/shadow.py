@@ -10,8 +10,10 @@ storage share one such storage, so the compiler sees their aliasing.
 While tracing, the shadow is a FakeTensor and the outer tensor is *traced* (it has no
 jax storage): every ATen op on it runs on the shadows (torch's meta functions give the
 result's metadata) and is recorded by AOTAutograd as an op on plain tpu tensors. At run
-time the compiled graph receives shadows of the real tensors; ``owner`` finds the real
-tensor each shadow points back to.
+time the compiled graph receives shadows of the real tensors; ``source`` gives the
+storage and geometry each shadow stands for. A shadow holds its storage strongly: AOTAutograd
+keeps shadows whose tpu tensor is gone (activations saved for backward, gradients flattened
+from eager code), and they must still be readable.
 """
 from __future__ import annotations
 
@@ -42,10 +44,21 @@ def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     # torch's CPU set_ only rewrites metadata: it never touches the (absent) memory
     _SET.redispatch(_CPU_KEYS, s, storage, t.storage_offset(), t.shape, t.stride())
     s._tpu_owner = weakref.ref(t)   # weak: t keeps its shadow, not the other way round
+    # strong: no cycle (the storage holds only the torch storage, not the shadow)
+    s._tpu_source = (st, (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype))
     return s
 
 
 def owner(shadow: torch.Tensor) -> Any:
-    """The live tpu tensor ``shadow`` stands for, or None."""
+    """The live tpu tensor ``shadow`` stands for, or None (never a fake shadow's)."""
+    if type(shadow) is not torch.Tensor:     # a FakeTensor copies the real one's attributes
+        return None
     ref = getattr(shadow, "_tpu_owner", None)
     return ref() if ref is not None else None
+
+
+def source(shadow: torch.Tensor) -> tuple[Storage, tuple] | None:
+    """(storage, (sizes, strides, offset, dtype)) that a real shadow stands for, or None."""
+    if type(shadow) is not torch.Tensor:
+        return None
+    return getattr(shadow, "_tpu_source", None)

@@ -77,8 +77,11 @@ class TpuTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # inside torch.compile's tracing (the scan is skipped on eager's hot path)
-        if torch.compiler.is_compiling() and _is_traced(args, kwargs):
-            return _run_on_shadows(func, args, kwargs)
+        if torch.compiler.is_compiling():
+            if _is_traced(args, kwargs):
+                return _run_on_shadows(func, args, kwargs)
+            if func in _LIFTS:
+                return _lift_constant(func, args[0])
         try:
             return _dispatch(func, args, kwargs)
         except Exception as exc:
@@ -96,7 +99,12 @@ class TpuTensor(torch.Tensor):
         if isinstance(inner, TpuTensor):          # a compiled graph returned the real tensor
             return inner
         real = shadow.owner(inner)
-        return real if real is not None else TpuTensor._traced(inner, outer_size, outer_stride)
+        if real is not None:
+            return real
+        src = shadow.source(inner)                # its tensor is gone: a new one, same view
+        if src is not None:
+            return TpuTensor(src[0], *src[1])
+        return TpuTensor._traced(inner, outer_size, outer_stride)
 
     @property
     def _tpu_shadow(self) -> torch.Tensor:
@@ -166,6 +174,19 @@ def _is_traced(args: tuple, kwargs: dict) -> bool:
         if isinstance(a, TpuTensor):
             return a._tpu_storage is None
     return False
+
+
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
+def _lift_constant(func, t: TpuTensor) -> torch.Tensor:
+    """``torch.tensor(data, device="tpu")`` inside a compiled function: torch made ``t`` on
+    the device and lifts it into the trace. The trace records it as a CPU constant copied
+    into a new device tensor (not ``.to``: fake tensors would fold a tiny constant's move
+    into a device tensor of their own); the result is traced."""
+    cpu = func(to_torch(read(t), t.dtype))
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(cpu)
+    return out if isinstance(out, TpuTensor) else TpuTensor._traced(out)
 
 
 def _run_on_shadows(func, args: tuple, kwargs: dict) -> Any:

@@ -1,0 +1,110 @@
+"""transformers models trained with ``torch.compile(model, backend="tpu")`` (issue 17): the
+model compiled, the loss either the model's own ``.loss`` or computed eagerly outside it,
+``backward()`` eager, and the AdamW step compiled too (``torch.compile(opt.step)``); five
+steps give CPU's losses. Tiny random models from config classes, no downloads.
+
+Each case compiles a forward, a backward and an optimizer graph (Dynamo and AOTAutograd
+tracing take most of the time): Llama, the common case, runs in CI (~40 s a loss kind);
+the other architectures are thorough."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as tf
+
+from tiny import BERT_LIKE, H, I, L, LLAMA_LIKE, NH, V, build, ids, lm, masked_ids, seq2seq
+
+T5 = dict(vocab_size=V, d_model=H, d_kv=8, d_ff=I, num_layers=L, num_heads=NH, dropout_rate=0.0,
+          decoder_start_token_id=0, relative_attention_num_buckets=8)
+MODELS = {
+    "llama": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, **LLAMA_LIKE), ids),
+    "gpt2": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=L, n_head=NH, n_positions=64,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), ids),
+    "bert": (build(tf.BertForMaskedLM, tf.BertConfig, **BERT_LIKE), masked_ids),
+    "t5": (build(tf.T5ForConditionalGeneration, tf.T5Config, attn="sdpa", **T5), seq2seq),
+}
+STEPS = 5
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _eager_loss(model, out, inputs) -> torch.Tensor:
+    """The loss written outside the model: token cross-entropy on the logits."""
+    logits, labels = out.logits, inputs["labels"]
+    if not isinstance(model, tf.T5ForConditionalGeneration) and logits.shape[1] == labels.shape[1] \
+            and not isinstance(model, tf.BertForMaskedLM):       # causal: predict the next token
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def _train(model, inputs: dict, own_loss: bool, compiled: bool) -> list[float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = torch.compile(model, backend="tpu") if compiled else model
+    step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
+    kw = dict(inputs)
+    if not own_loss:
+        labels = kw.pop("labels")
+        if isinstance(model, tf.T5ForConditionalGeneration):
+            kw["decoder_input_ids"] = model._shift_right(labels)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        out = forward(**kw)
+        loss = out.loss if own_loss else _eager_loss(model, out, inputs)
+        loss.backward()
+        step()
+        losses.append(loss.item())
+    return losses
+
+
+def _check(name: str, own_loss: bool) -> None:
+    make, inputs_of = MODELS[name]
+    torch.manual_seed(0)
+    cpu = make().train()
+    torch.manual_seed(1)
+    inputs = inputs_of()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    want = _train(cpu, inputs, own_loss, compiled=False)
+    got = _train(tpu, {k: v.to("tpu") for k, v in inputs.items()}, own_loss, compiled=True)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=1e-4)
+    for (n, p), q in zip(tpu.named_parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-4, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("own_loss", [True, False], ids=["model_loss", "eager_loss"])
+def test_llama_trains_compiled(own_loss):
+    _check("llama", own_loss)
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("own_loss", [True, False], ids=["model_loss", "eager_loss"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
+def test_trains_compiled(name, own_loss):
+    _check(name, own_loss)
+
+
+@pytest.mark.thorough   # ~4 min: the decode graph retraces for each cache length
+def test_compiled_generate_with_the_dynamic_cache():
+    """``generate()`` with transformers' default DynamicCache (it builds tensors with
+    ``torch.tensor(..., device=...)`` inside the compiled forward): CPU greedy tokens."""
+    size = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(**size)
+    cfg._attn_implementation = "sdpa"
+    model = tf.LlamaForCausalLM(cfg).eval()
+    tpu = copy.deepcopy(model).to("tpu")
+    tpu.forward = torch.compile(tpu.forward, backend="tpu")
+    ids = torch.randint(1, 128, (1, 8))
+    want = model.generate(ids, max_new_tokens=8, do_sample=False)
+    got = tpu.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False, disable_compile=True)
+    assert torch.equal(got.cpu(), want)

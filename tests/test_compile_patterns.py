@@ -1,0 +1,215 @@
+"""torch.compile(backend="tpu") the ways users write it (issue 17): compiled models with the
+loss and backward outside, several outputs, gradients crossing between compiled and eager
+code both ways, ``torch.tensor(data, device=...)`` inside compiled code, eager runs before
+and after compiling, graph breaks, and torch.compile's ``mode``/``options``. Every case
+matches the same code on CPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tpu_kernels import compile_backend, registry
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def close(got, want, **kw):
+    torch.testing.assert_close(got.cpu() if isinstance(got, torch.Tensor) else got, want,
+                               atol=kw.get("atol", 1e-5), rtol=kw.get("rtol", 1e-5))
+
+
+def pair(module: nn.Module):
+    """(cpu module, its tpu copy)."""
+    torch.manual_seed(0)
+    return module, copy.deepcopy(module).to("tpu")
+
+
+def grads_close(tpu: nn.Module, cpu: nn.Module):
+    for (name, a), b in zip(tpu.named_parameters(), cpu.parameters()):
+        assert a.grad is not None, name
+        close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+LOSSES = {  # the loss and backward outside the compiled model, as in the usual loop
+    "cross_entropy": lambda out, y: F.cross_entropy(out, y).backward(),
+    "sum": lambda out, y: out.sum().backward(),
+    "mse": lambda out, y: F.mse_loss(out, torch.ones_like(out)).backward(),
+    "backward_with_gradient": lambda out, y: (out * 2).backward(torch.full_like(out, 0.5)),
+}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_compiled_model_with_eager_loss_and_backward(loss):
+    torch.manual_seed(0)
+    cpu, tpu = pair(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)))
+    x, y = torch.randn(2, 8), torch.tensor([1, 3])
+    compiled = torch.compile(tpu, backend="tpu")
+    for _ in range(2):               # the second call reuses the graphs
+        LOSSES[loss](compiled(x.to("tpu")), y.to("tpu"))
+        LOSSES[loss](cpu(x), y)
+    grads_close(tpu, cpu)
+
+
+def test_several_outputs_backward_through_each():
+    w0 = torch.randn(4, 4)
+    f = lambda x, w: (x @ w, (x @ w).sum(), (x @ w).detach() * 3)  # noqa: E731
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(2, 4)
+    for pick in range(2):
+        w, tw = w0.clone().requires_grad_(), w0.to("tpu").requires_grad_()
+        out, tout = f(x, w), cf(x.to("tpu"), tw)
+        for a, b in zip(tout, out):
+            close(a.detach(), b.detach())
+        assert not tout[2].requires_grad          # an output that needs no grad
+        (out[pick].sum() if pick == 0 else out[pick]).backward()
+        (tout[pick].sum() if pick == 0 else tout[pick]).backward()
+        close(tw.grad, w.grad)
+
+
+def test_retain_graph_and_two_backwards():
+    w0 = torch.randn(4, 4)
+    f = lambda x, w: torch.tanh(x @ w)  # noqa: E731
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(3, 4)
+    w, tw = w0.clone().requires_grad_(), w0.to("tpu").requires_grad_()
+    out, tout = f(x, w), cf(x.to("tpu"), tw)
+    out.sum().backward(retain_graph=True)
+    tout.sum().backward(retain_graph=True)
+    (out ** 2).sum().backward()
+    (tout ** 2).sum().backward()
+    close(tw.grad, w.grad)
+
+
+def test_aliasing_outputs():
+    def f(x, w):
+        y = x * w
+        return y, y.t(), x.view(-1), x[1:]   # a view of an intermediate and of the input
+
+    cf = torch.compile(f, backend="tpu")
+    x0, w0 = torch.randn(3, 4), torch.randn(3, 4)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    tx, tw = x0.to("tpu").requires_grad_(), w0.to("tpu").requires_grad_()
+    out, tout = f(x, w), cf(tx, tw)
+    for a, b in zip(tout, out):
+        close(a.detach(), b.detach())
+    sum(o.sum() * (i + 1) for i, o in enumerate(out)).backward()
+    sum(o.sum() * (i + 1) for i, o in enumerate(tout)).backward()
+    close(tx.grad, x.grad)
+    close(tw.grad, w.grad)
+
+
+def test_gradients_flow_from_eager_into_compiled_and_back():
+    """eager layer -> compiled block -> eager layer: every parameter gets its gradient."""
+    torch.manual_seed(0)
+    cpu, tpu = pair(nn.Sequential(nn.Linear(6, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 2)))
+    block = torch.compile(tpu[1], backend="tpu")
+    x = torch.randn(5, 6)
+    out = tpu[2](block(tpu[0](x.to("tpu"))))
+    F.cross_entropy(out, torch.tensor([0, 1, 1, 0, 1], device="tpu")).backward()
+    F.cross_entropy(cpu(x), torch.tensor([0, 1, 1, 0, 1])).backward()
+    grads_close(tpu, cpu)
+
+
+def test_graph_break_keeps_both_sides_valid():
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        scale = h.abs().max().item()        # a graph break
+        return (h / scale).sum(), h
+
+    x0, w0 = torch.randn(4, 4), torch.randn(4, 4)
+    w, tw = w0.clone().requires_grad_(), w0.to("tpu").requires_grad_()
+    explained = torch._dynamo.explain(f)(x0.to("tpu"), tw)
+    assert explained.graph_break_count == 1, explained.break_reasons
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu")
+    (loss, h), (tloss, th) = f(x0, w), cf(x0.to("tpu"), tw)
+    close(th.detach(), h.detach())
+    loss.backward()
+    tloss.backward()
+    close(tw.grad, w.grad)
+    close(th.detach() * 2, h.detach() * 2)    # still readable after backward
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: torch.cat([torch.tensor([], dtype=x.dtype, device=x.device), x]),
+    lambda x: x + torch.tensor([1.0, 2.0, 3.0], device=x.device),
+    lambda x: x * torch.tensor(2.5, device=x.device),
+    lambda x: torch.where(x > 0, x, torch.tensor([-1.0], device=x.device)),
+    lambda x: x[torch.tensor([2, 0], device=x.device)],
+], ids=["empty_cat", "vector", "scalar", "one_element", "index"])
+def test_tensor_from_data_inside_compiled_code(make):
+    x = torch.randn(3)
+    cf = torch.compile(make, backend="tpu")
+    for _ in range(2):
+        close(cf(x.to("tpu")), make(x))
+
+
+def test_eager_then_compile_and_compile_then_eager():
+    """A view after the attention output's transpose: eager runs first cached a result
+    layout the graph must not take."""
+    tf = pytest.importorskip("transformers")
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    cpu, tpu = pair(tf.LlamaForCausalLM(cfg).eval())
+    ids = torch.randint(0, 128, (2, 16))
+    want = cpu(ids).logits.detach()
+    with torch.no_grad():
+        close(tpu(ids.to("tpu")).logits, want, atol=1e-5, rtol=1e-4)
+        compiled = torch.compile(tpu, backend="tpu")
+        close(compiled(ids.to("tpu")).logits, want, atol=1e-5, rtol=1e-4)
+        close(tpu(ids.to("tpu")).logits, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_modes_are_accepted(mode):
+    x = torch.randn(8, 8)
+    cf = torch.compile(lambda a: torch.relu(a @ a), backend="tpu", mode=mode)
+    close(cf(x.to("tpu")), torch.relu(x @ x))
+
+
+def test_options_and_their_errors():
+    x = torch.randn(8, 8)
+    f = lambda a: torch.softmax(a, -1) * 2  # noqa: E731
+    # inductor's options are accepted (they do nothing here)
+    cf = torch.compile(f, backend="tpu", options={"triton.cudagraphs": True, "epilogue_fusion": False})
+    close(cf(x.to("tpu")), f(x))
+    torch._dynamo.reset()
+    start = len(compile_backend.PROGRAMS)
+    cf = torch.compile(f, backend="tpu", options={"interpret": True})
+    close(cf(x.to("tpu")), f(x))
+    (prog,) = compile_backend.PROGRAMS[start:]
+    assert ("aten._softmax.default", "helion") in prog.impls, prog.impls
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unexpected optimization option.*'nope'.*interpret"):
+        torch.compile(f, backend="tpu", options={"nope": 1})(x.to("tpu"))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unrecognized mode=fastest"):
+        torch.compile(f, backend="tpu", mode="fastest")(x.to("tpu"))
+
+
+def test_registry_settings_are_part_of_the_program_key():
+    """A call under other registry switches traces again; back under the first switches,
+    the first program is reused."""
+    x = torch.randn(8, 8)
+    f = lambda a: torch.softmax(a, -1)  # noqa: E731
+    cf = torch.compile(f, backend="tpu")
+    start = len(compile_backend.PROGRAMS)
+    close(cf(x.to("tpu")), f(x))
+    (prog,) = compile_backend.PROGRAMS[start:]
+    assert all(kind != "helion" for _, kind in prog.impls), prog.impls
+    with registry.interpret():
+        close(cf(x.to("tpu")), f(x))
+    assert ("aten._softmax.default", "helion") in prog.impls, prog.impls
+    close(cf(x.to("tpu")), f(x))
+    assert prog.traces == 2 and prog.calls == 3

@@ -25,7 +25,7 @@ class Decision:
     kernel_seconds: float        # modelled
     xla_seconds: float           # the real compiler's estimate (see ``source``)
     source: str                  # where the XLA figure comes from: compiled | class | fallback
-    useful_seconds: float        # the op's lowered roofline: the work at the chip's peak
+    useful_seconds: float        # the op's ideal time on the chip (``xla_table.ideal_seconds``)
     modelled: kernel_model.Modelled | None = None
 
     @property
@@ -69,7 +69,7 @@ def _decide(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: 
         kfn, specs = program(op, impl, args, kwargs)
         modelled = kernel_model.model(kfn, specs, chip)
         xfn, xspecs = program(op, xla_impl, args, kwargs)
-        useful = xla_table.lowered_roofline(xfn, xspecs, chip)
+        useful = xla_table.ideal_seconds(xfn, xspecs, chip)
     except Exception as exc:   # a kernel the model cannot trace keeps today's behaviour
         log.debug("cost model cannot judge %s on %s: %s", impl, chip, exc)
         return None

@@ -2,13 +2,13 @@
 
 ``xla_estimates.json`` holds, per (op, chip, shape class), the compiled XLA program's
 ``cost_analysis()['optimal_seconds']`` (libtpu compile-only, ``tpu_kernels.aot``) at one
-representative shape of the class, with that shape's *lowered roofline*: the roofline time
-of the unoptimised program's flops and bytes (``jax.jit(fn).lower(...).cost_analysis()``,
-cheap, no compiler). A call is estimated as
+representative shape of the class, with that shape's *ideal* time (``ideal_seconds``: its
+flops at peak or its inputs and outputs moved once, whichever is longer; cheap, no
+compiler). A call is estimated as
 
     exact shape in the table:   its compiled seconds
-    same shape class:           compiled seconds x lowered roofline(call) / lowered roofline(entry)
-    no entry:                   lowered roofline(call) / XLA's median efficiency on the chip
+    same shape class:           compiled seconds x ideal(call) / ideal(entry)
+    no entry:                   ideal(call) / XLA's median efficiency (ideal / compiled) on the chip
 
 Regenerate with ``python -m tpu_kernels costs --write`` (about a second or more per compile).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import statistics
 from typing import Any, Callable
@@ -56,14 +57,17 @@ def key(op_name: str, chip: str, args: tuple, kwargs: dict) -> str:
     return f"{op_name}|{chip}|{signature(args, kwargs, bucket=True)}"
 
 
-def lowered_roofline(fn: Callable[..., Any], specs: list, chip: str) -> float:
-    """Roofline seconds of the unoptimised program's flops and bytes on ``chip``."""
+def ideal_seconds(fn: Callable[..., Any], specs: list, chip: str) -> float:
+    """The op's roofline time on ``chip``: its flops (from the lowered, unoptimised
+    program: a dot's flops do not depend on fusion) at peak, or reading its inputs and
+    writing its outputs once at full HBM bandwidth, whichever is longer."""
     row = tpu_info.chip(chip)
     cost = jax.jit(fn).lower(*specs).cost_analysis() or {}
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
     flops = float(cost.get("flops", 0.0) or 0.0)
-    moved = float(cost.get("bytes accessed", 0.0) or 0.0)
+    outs = jax.tree_util.tree_leaves(jax.eval_shape(fn, *specs))
+    moved = sum(math.prod(a.shape) * a.dtype.itemsize for a in (*specs, *outs))
     return max(flops / row.bf16_flops, moved / row.hbm_bytes_per_s)
 
 
@@ -83,7 +87,7 @@ def table() -> dict[str, dict]:
 
 
 def estimate(op_name: str, chip: str, args: tuple, kwargs: dict, roofline: float) -> Estimate:
-    """XLA's time for ``op_name`` on these arguments (``roofline``: their lowered roofline)."""
+    """XLA's time for ``op_name`` on these arguments (``roofline``: their ideal seconds)."""
     entries = table()
     entry = entries.get(key(op_name, chip, args, kwargs))
     if entry is not None:
@@ -96,7 +100,7 @@ def estimate(op_name: str, chip: str, args: tuple, kwargs: dict, roofline: float
 
 @functools.cache
 def _efficiency(op_name: str, chip: str) -> float:
-    """XLA's median (lowered roofline / compiled seconds) for the op on the chip, else for
+    """XLA's median (ideal / compiled seconds) for the op on the chip, else for
     the chip, else 1."""
     def eff(pred: Callable[[str], bool]) -> list[float]:
         return [e["roofline"] / e["seconds"] for k, e in table().items()

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from tpu_kernels import graph_patterns
 from tpu_kernels.graph_program import GraphProgram
 
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
@@ -33,7 +34,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op
     return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+                        keep_inference_input_mutations=True)(graph_patterns.rewrite(gm), example_inputs)
 
 
 def register() -> None:

@@ -192,11 +192,11 @@ def _rope_half(node: Any) -> tuple[Any, Any, Any] | None:
 
 def _rope(graph: fx.Graph, node: fx.Node) -> bool:
     """A q rotation paired with the next k rotation that uses the same cos and sin."""
-    q = _rope_half(node)
+    q = _rope_half(node) if node.users else None      # a node already rewritten has none
     if q is None:
         return False
     for other in node.graph.nodes:
-        if other is node:
+        if other is node or not other.users:
             continue
         k = _rope_half(other)
         if k is None or k[1] is not q[1] or k[2] is not q[2] or k[0] is q[0]:

@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from tpu_kernels.pallas.tpu_info import target
+from tpu_kernels.registry.costs import decide as costs
 from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, KERNEL_KINDS, SWITCHABLE_KINDS
 
 
@@ -84,6 +85,9 @@ class _Enablement:
         self.forced: dict[Any, Impl] = {}
         # Pallas and Helion kernels run off TPU (in interpret mode) only when asked.
         self.interpret = os.environ.get("TPU_KERNELS_INTERPRET", "") not in ("", "0")
+        # On a TPU (or compiling for one) a kernel runs only where the cost model expects
+        # it to beat the XLA lowering (``costs``); TPU_KERNELS_COST_MODEL=0 turns that off.
+        self.costed = os.environ.get("TPU_KERNELS_COST_MODEL", "1") not in ("", "0")
 
 
 class Registry:
@@ -188,9 +192,30 @@ class Registry:
                 continue
             reason = self.enabled(impl) or impl.check(*args, **kwargs)
             if reason is None:
-                return impl, skipped
+                loser = self._cost_loser(op, impl, args, kwargs)
+                if loser is None:
+                    return impl, skipped
+                reason = loser[1]
+                if loser[0] is not impl:          # the kernel won: XLA is the one skipped
+                    return impl, [*skipped, loser]
             skipped.append((impl, reason))
         return None, skipped
+
+    def _cost_loser(self, op: Any, impl: Impl, args: tuple, kwargs: dict) -> tuple[Impl, str] | None:
+        """On a TPU (or compiling for one), a kernel impl against the op's XLA lowering:
+        the loser with the cost model's figures, or None when nothing was compared."""
+        if impl.kind not in KERNEL_KINDS or not self._state.costed:
+            return None
+        where = target()
+        if where.interpret:
+            return None                           # off TPU: kernels run only as asked
+        xla = next((i for i in self._table.get(op, ()) if i.kind == "xla"), None)
+        if xla is None or "xla" in self._state.disabled:
+            return None
+        decision = costs.decide(op, impl, xla, args, kwargs, where.chip.name)
+        if decision is None:
+            return None
+        return (xla if decision.kernel_wins else impl), decision.reason()
 
     # -- forcing kinds and impls (tests, benchmarks, A/B) ---------------------
     @contextlib.contextmanager
@@ -231,6 +256,18 @@ class Registry:
             else:
                 st.forced[impl.op] = old
             st.interpret = old_interp
+            self.epoch += 1
+
+    @contextlib.contextmanager
+    def cost_model(self, on: bool = True) -> Iterator[None]:
+        """Within the block, kernels on a TPU are (``on``) or are not weighed against XLA."""
+        st, old = self._state, self._state.costed
+        st.costed = on
+        self.epoch += 1
+        try:
+            yield
+        finally:
+            st.costed = old
             self.epoch += 1
 
     @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot}``."""
+"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot,costs}``."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,7 @@ import sys
 
 from tpu_kernels import coverage, demo
 from tpu_kernels.aot import cli as aot_cli   # libtpu loads only when a chip is asked for
+from tpu_kernels.aot import cost_table
 from tpu_kernels.bench import runner
 
 
@@ -26,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
                          description=aot_cli.__doc__.split("\n\n")[0])
     aot_cli.add_arguments(aot)
 
+    costs = sub.add_parser("costs", help="each kernel's modelled time against XLA's compiled estimate, "
+                                         "per chip and shape class (the registry's choice on TPU)",
+                           description=cost_table.__doc__.split("\n\n")[0])
+    cost_table.add_arguments(costs)
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo.main(args.steps)
@@ -34,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return runner.main_args(args)
     if args.command == "coverage":
         return coverage.main_args(args)
+    if args.command == "costs":
+        return cost_table.main_args(args)
     if args.command == "aot":
         return aot_cli.main_args(args)
     return 2

@@ -18,7 +18,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
 
-from tpu_kernels import compile_options
+from tpu_kernels import compile_options, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 
@@ -41,7 +41,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op
     return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+                        keep_inference_input_mutations=True)(graph_patterns.rewrite(gm), example_inputs)
 
 
 def register() -> None:

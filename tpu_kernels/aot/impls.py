@@ -12,15 +12,12 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
-import jax
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from tpu_kernels.aot.check import check
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
-from tpu_kernels.registry.context import Call, OutMeta, lowering
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.costs.program import program as impl_program
 
 B, F, L = torch.bfloat16, torch.float32, torch.int64
 N, H, FFN, V = 8192, 4096, 14336, 128256
@@ -118,29 +115,6 @@ class ImplResult:
     seconds: float
 
 
-def _program(op: Any, impl: Any, args: tuple, kwargs: dict) -> tuple[Callable[..., Any], list]:
-    """``impl.fn`` over abstract arrays standing for the tensors in ``args``/``kwargs``,
-    inside the lowering context dispatch gives it (torch's meta results)."""
-    try:
-        results = tree_leaves(op(*args, **kwargs))
-    except NotImplementedError:     # no meta kernel (in-place optimizer ops): no outputs
-        results = []
-    outs = tuple(OutMeta(tuple(t.shape), t.dtype) for t in results if isinstance(t, torch.Tensor))
-    leaves, spec = tree_flatten((args, kwargs))
-    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    specs = [jax.ShapeDtypeStruct(tuple(leaves[i].shape), to_jax_dtype(leaves[i].dtype))
-             for i in where]
-
-    def program(*arrays):
-        full = list(leaves)
-        for i, a in zip(where, arrays):
-            full[i] = a
-        a, kw = tree_unflatten(full, spec)
-        with lowering(Call(outs)):
-            return impl.fn(*a, **kw)
-    return program, specs
-
-
 def check_impls(chips: Iterable[str] = tpu_info.CHECKED_GENERATIONS,
                 ops: Iterable[str] | None = None,
                 progress: Callable[[ImplResult], None] | None = None) -> list[ImplResult]:
@@ -176,7 +150,7 @@ def _check_impl(op: Any, key: str, impl: Any, chip: str) -> ImplResult:
         return ImplResult(key, label, chip, "n/a", f"refuses the production input: {refused}",
                           None, 0.0)
     start = time.perf_counter()
-    program, specs = _program(op, impl, args, kwargs)
+    program, specs = impl_program(op, impl, args, kwargs)
     r = check(label, program, specs, chip)
     return ImplResult(key, label, chip, "ok" if r.ok else "fail", r.reason, r.vmem_bytes,
                       time.perf_counter() - start)

@@ -1,0 +1,100 @@
+"""The registry's choice on a TPU is backed by numbers: a Pallas/Helion impl runs only
+where its modelled time (the flops and HBM bytes its grid moves, padding included) beats
+XLA's compiled estimate for the op's lowering; off TPU nothing changes. Checked inside
+``tpu_info.compile_for(chip)`` (kernels lower for that chip on this CPU machine), on meta
+tensors: no kernel runs and nothing compiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tpu_kernels  # noqa: F401  (registers the tpu device and the impls)
+from tpu_kernels import registry
+from tpu_kernels.pallas import tpu_info
+from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry.costs import decide, kernel_model, xla_table
+from tpu_kernels.registry.costs.program import program
+
+
+def _m(*shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _impl(op_name: str, kind: str):
+    return next(i for i in registry.impls(op_name) if i.kind == kind)
+
+
+def test_off_tpu_the_choice_is_as_before():
+    a, b = _m(520, 1100), _m(1100, 4096)
+    impl, skipped = registry.which("aten::mm", a, b)
+    assert impl.kind == "xla" and "no TPU" in skipped[0][1]
+    with registry.interpret():                       # interpret mode: the kernel, unweighed
+        impl, skipped = registry.which("aten::mm", a, b)
+    assert impl.kind == "pallas" and skipped == []
+
+
+def test_ragged_matmul_goes_to_xla_with_the_figures():
+    """m=520 pads to two 512-row blocks on v6e: the kernel does ~3.7x the useful flops."""
+    with tpu_info.compile_for("v6e"):
+        impl, skipped = registry.which("aten::mm", _m(520, 1100), _m(1100, 4096))
+    assert impl.kind == "xla"
+    [(loser, why)] = skipped
+    assert loser.kind == "pallas" and why.startswith("cost on v6e: pallas:mm") and "XLA" in why
+
+
+def test_modelled_matmul_counts_padding_and_refetches():
+    op = registry.resolve_overload("aten::mm")
+    fn, specs = program(op, _impl("aten::mm", "pallas"), (_m(520, 1100), _m(1100, 4096)), {})
+    got = kernel_model.model(fn, specs, "v6e")
+    useful = 2 * 520 * 1100 * 4096
+    assert got.kernels == 1 and got.flops > 3 * useful          # 1024 x 1024(k) x 4096 padded
+    assert got.kernel_bytes > (520 * 1100 + 1100 * 4096 + 520 * 4096) * 2   # B re-read per row block
+    assert got.wrapper_bytes > 0                                  # the pads and the slice
+
+
+def test_a_winning_kernel_names_the_xla_impl_it_beat():
+    with tpu_info.compile_for("v6e"):
+        impl, skipped = registry.which("aten::_fused_rms_norm", _m(8192, 4096), [4096], _m(4096), 1e-6)
+    d = decide.decide(registry.resolve_overload("aten::_fused_rms_norm"), _impl("aten::_fused_rms_norm", "helion"),
+                      _impl("aten::_fused_rms_norm", "xla"), (_m(8192, 4096), [4096], _m(4096), 1e-6), {}, "v6e")
+    assert d is not None and d.kernel_seconds > 0 and d.xla_seconds > 0
+    winner = "helion" if d.kernel_wins else "xla"
+    assert impl.kind == winner
+    [(other, why)] = skipped
+    assert other.kind == ("xla" if d.kernel_wins else "helion") and why == d.reason()
+
+
+def test_force_and_the_switch_bypass_the_cost_model():
+    pallas = _impl("aten::mm", "pallas")
+    a, b = _m(520, 1100), _m(1100, 4096)
+    with tpu_info.compile_for("v6e"):
+        with REGISTRY.force(pallas):
+            assert registry.which("aten::mm", a, b)[0] is pallas
+        with REGISTRY.cost_model(False):
+            assert registry.which("aten::mm", a, b)[0] is pallas
+        assert registry.which("aten::mm", a, b)[0].kind == "xla"
+
+
+def test_xla_estimates_exact_class_and_fallback(monkeypatch):
+    args, kw = (_m(1000, 100), _m(100, 300)), {}
+    entry_key = xla_table.key("aten::mm", "v6e", args, kw)
+    assert entry_key == "aten::mm|v6e|bfloat16[1024,128] bfloat16[128,512]"
+    shapes = xla_table.signature(args, kw, bucket=False)
+    monkeypatch.setattr(xla_table, "table", lambda: {entry_key: {"seconds": 2e-6, "roofline": 1e-6, "shapes": shapes}})
+    xla_table._efficiency.cache_clear()
+    try:
+        assert xla_table.estimate("aten::mm", "v6e", args, kw, 1e-6) == xla_table.Estimate(2e-6, "compiled")
+        other = (_m(900, 100), _m(100, 300))        # same class, other shape: scaled
+        got = xla_table.estimate("aten::mm", "v6e", other, kw, 0.9e-6)
+        assert got.source == "class" and got.seconds == pytest.approx(1.8e-6)
+        far = (_m(9000, 100), _m(100, 300))         # no entry: the op's median efficiency (1/2)
+        assert xla_table.estimate("aten::mm", "v6e", far, kw, 4e-6) == xla_table.Estimate(8e-6, "fallback")
+    finally:
+        xla_table._efficiency.cache_clear()
+
+
+def test_the_shipped_table_has_compiled_figures_for_the_checked_chips():
+    entries = xla_table.table()
+    for chip in tpu_info.CHECKED_GENERATIONS:
+        assert any(k.startswith(f"aten::mm|{chip}|") for k in entries), chip
+    assert all(e["seconds"] > 0 and e["roofline"] > 0 for e in entries.values())

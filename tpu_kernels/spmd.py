@@ -12,7 +12,8 @@ compiles for the shardings of their inputs (its executable cache keys on them), 
 run as SPMD programs; ``torch.compile(backend="tpu")`` and deferred mode compile whole
 sharded programs the same way. A storage keeps its placement: an in-place write into a
 sharded storage (an optimizer step, a ``copy_``) is laid out as the storage was, so
-parameters and the optimizer states made from them (``zeros_like``) stay sharded.
+parameters stay sharded; after each optimizer step, states shaped as their parameter
+(AdamW's moments) are laid out as it is (a ``torch.optim`` step hook), so they follow.
 torch's ``DeviceMesh``/DTensor assume one process per device (``tpu_kernels.distributed``);
 this module is the one-process way.
 """
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpu_kernels.storage import place
 from tpu_kernels.tensor import TpuTensor, value
@@ -91,7 +93,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, spec: Spec) -> torch.Tensor:
     """Lay ``t``'s array out over ``mesh``: dim i split along the mesh axis ``spec[i]``
     (None replicates it; a dim need not divide evenly). In place; returns ``t``."""
     _check(t, mesh, spec, "spmd.mark_sharding")
-    place(t._tpu_storage, mesh.sharding(spec))
+    _placed(t._tpu_storage, mesh.sharding(spec))
     t._tpu_cache = None
     return t
 
@@ -120,6 +122,29 @@ def local_bytes(t: torch.Tensor) -> int:
     return max(s.data.nbytes for s in a.addressable_shards)
 
 
+def _follow_parameters(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """After an optimizer step: lay each state tensor shaped as its parameter out as the
+    parameter is (once: the state's storage keeps it from then on)."""
+    for p, state in opt.state.items():
+        placement = getattr(getattr(p, "_tpu_storage", None), "placement", None)
+        if placement is None:
+            continue
+        for v in state.values():
+            if isinstance(v, TpuTensor) and v._tpu_direct and v.shape == p.shape and \
+                    v._tpu_storage.placement != placement:
+                place(v._tpu_storage, placement)
+
+
+_HOOK: list = []
+
+
+def _placed(st, sharding: jax.sharding.Sharding) -> None:
+    """``place`` a parameter's storage; optimizer states will follow (the hook, once)."""
+    if not _HOOK:
+        _HOOK.append(register_optimizer_step_post_hook(_follow_parameters))
+    place(st, sharding)
+
+
 def _params(module: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     return ((n, p) for n, p in module.named_parameters() if isinstance(p, TpuTensor))
 
@@ -137,7 +162,7 @@ def fsdp(module: nn.Module, mesh: Mesh, axis: str = "fsdp", min_size: int = 0) -
         dim = next((d for d, s in enumerate(spec) if s is None and p.shape[d] % n == 0), None)
         if dim is not None:
             spec[dim] = axis
-            place(p._tpu_storage, mesh.sharding(spec))
+            _placed(p._tpu_storage, mesh.sharding(spec))
     return module
 
 
@@ -170,7 +195,7 @@ def tensor_parallel(module: nn.Module, mesh: Mesh, plan: Mapping[str, str | Mapp
                 p = getattr(sub, pname, None)
                 if p is not None:
                     _check(p, mesh, spec, f"spmd.tensor_parallel({name}.{pname})")
-                    place(p._tpu_storage, mesh.sharding(spec))
+                    _placed(p._tpu_storage, mesh.sharding(spec))
     missing = set(plan) - matched
     if missing:
         raise ValueError(f"spmd.tensor_parallel: no submodule matches {sorted(missing)}")

@@ -18,6 +18,7 @@ import dataclasses
 import fnmatch
 import math
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ import torch
 from tpu_kernels import spmd, strided
 from tpu_kernels.aot import collectives, graphs, topology
 from tpu_kernels.aot.compiler import compile_lowered
+from tpu_kernels.dispatch import memory
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
 from tpu_kernels.aot.summary import Summary
 from tpu_kernels.aot.training import build
@@ -150,8 +152,11 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     model, tokens = build(spec)
     shard_model(model, mesh)
     spmd.mark_sharding(tokens, mesh, (data or None, None))
-    # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole
-    with tpu_info.compile_for(chip), REGISTRY.only("xla"):
+    # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
+    # The graphs are traced at global shapes for the pod's memory, not this host's: the
+    # dispatcher's guard against results that cannot fit here does not apply.
+    with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
+            mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)

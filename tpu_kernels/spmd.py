@@ -93,8 +93,7 @@ def mark_sharding(t: torch.Tensor, mesh: Mesh, spec: Spec) -> torch.Tensor:
     """Lay ``t``'s array out over ``mesh``: dim i split along the mesh axis ``spec[i]``
     (None replicates it; a dim need not divide evenly). In place; returns ``t``."""
     _check(t, mesh, spec, "spmd.mark_sharding")
-    _placed(t._tpu_storage, mesh.sharding(spec))
-    t._tpu_cache = None
+    _placed(t._tpu_storage, mesh.sharding(spec))   # a new version: cached views re-read
     return t
 
 
@@ -114,12 +113,6 @@ def local_shapes(t: torch.Tensor) -> list[tuple[int, ...]]:
     """The shape of the shard each device holds, in device order."""
     shards = sorted(value(t).addressable_shards, key=lambda s: s.device.id)
     return [tuple(s.data.shape) for s in shards]
-
-
-def local_bytes(t: torch.Tensor) -> int:
-    """The bytes the largest shard of ``t`` takes on its device."""
-    a = value(t)
-    return max(s.data.nbytes for s in a.addressable_shards)
 
 
 def _follow_parameters(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -26,7 +26,7 @@ from tpu_kernels.registry.dtypes import to_jax_dtype
 class Storage:
     """A mutable box for one jax array; views of one base share it. ``index``: the tpu
     device holding it; ``nbytes``: what it counts in ``torch.tpu.memory_allocated``."""
-    __slots__ = ("array", "version", "shadow", "index", "nbytes", "__weakref__")
+    __slots__ = ("array", "version", "shadow", "index", "nbytes", "placement", "__weakref__")
 
     def __init__(self, array: jax.Array, index: int | None = None) -> None:
         self.array = array
@@ -34,6 +34,7 @@ class Storage:
         self.shadow = None   # a memory-less torch storage standing for it under torch.compile
         self.index = devices.index_of_array(array) if index is None else index
         self.nbytes = memory.allocate(self.index, array)
+        self.placement = None   # a sharding every write keeps (``place``), else None
 
     def __del__(self) -> None:
         memory.free(self.index, self.nbytes)
@@ -77,6 +78,19 @@ def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offs
         st.array = apply(_reshaper(tuple(st.array.shape)), new)
     else:
         st.array = apply(strided.writer(tuple(st.array.shape), size, stride, offset), st.array, new)
+    if st.placement is not None:   # a sharded storage stays laid out as it was placed
+        st.array = apply(_placer(st.placement), st.array)
+    st.version += 1
+
+
+def place(st: Storage, sharding: jax.sharding.Sharding) -> None:
+    """Lay ``st``'s array out by ``sharding`` (e.g. over a device mesh); later writes keep it."""
+    a = concrete(st.array)
+    if isinstance(a, jax.ShapeDtypeStruct):    # an abstract array (``tpu_kernels.aot``)
+        st.array = jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+    else:
+        st.array = jax.device_put(a, sharding)
+    st.placement = sharding
     st.version += 1
 
 
@@ -100,6 +114,11 @@ def _permuter(order: tuple[int, ...]):
 @functools.lru_cache(maxsize=1024)
 def _broadcaster(shape: tuple[int, ...]):
     return jax.jit(lambda a: jnp.broadcast_to(a, shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _placer(sharding):
+    return jax.jit(lambda a: jax.lax.with_sharding_constraint(a, sharding))
 
 
 @functools.lru_cache(maxsize=64)

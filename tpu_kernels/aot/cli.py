@@ -3,11 +3,14 @@
     python -m tpu_kernels aot --model tpu_kernels.aot.configs:llama_small --chip v6e
     python -m tpu_kernels aot --model llama3-8b --chip v5e,v6e,v7x
     python -m tpu_kernels aot --kernels --chip v5e,v6e,v7x
+    python -m tpu_kernels aot --model llama3-8b --mesh fsdp=64,tp=4 --topology v5e:16x16
 
 ``--model`` compiles one training step (the model's ``torch.compile(backend="tpu")``
 forward and backward graphs and the fused AdamW step) and prints HBM, the Mosaic kernels
 inside, XLA's estimated step time and the MFU it implies. ``--kernels`` compiles every
 Pallas and Helion kernel at production shapes and prints the kernel x chip table.
+``--mesh`` with ``--topology`` compiles the training step as one SPMD program over every
+chip of a pod slice (``tpu_kernels.aot.pod``): per-chip HBM, collectives, estimate, MFU.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import json
 import sys
 
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.aot import topology
+from tpu_kernels.aot import pod, topology
 from tpu_kernels.aot.check import check_kernels, table
 from tpu_kernels.aot.training import compile_model, load
 
@@ -34,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thorough", action="store_true",
                         help="with --kernels: the longer list of kernel cases too")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--mesh", metavar="AXIS=N,...",
+                        help="with --model and --topology: the device mesh, e.g. fsdp=64,tp=4 "
+                             "(axes fsdp, dp: data and FSDP; tp: tensor; ep: experts)")
+    parser.add_argument("--topology", metavar="CHIP:SHAPE",
+                        help="with --mesh: a pod slice, e.g. v5e:16x16, v6e:8x8")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="with --mesh: global batch (default: one sequence per data shard)")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -44,7 +54,23 @@ def main_args(args: argparse.Namespace) -> int:
     chips = [tpu_info.chip(c).name for c in args.chip.split(",") if c]
     if args.kernels:
         return _kernels(chips, args)
+    if args.mesh or args.topology:
+        return _pod(args)
     return _model(args.model, chips, args)
+
+
+def _pod(args: argparse.Namespace) -> int:
+    if not (args.mesh and args.topology):
+        print("aot: --mesh and --topology go together (e.g. --mesh fsdp=64,tp=4 "
+              "--topology v5e:16x16)", file=sys.stderr)
+        return 2
+    report = pod.compile_pod_step(load(args.model), args.topology, pod.parse_mesh(args.mesh),
+                                  args.batch)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=1))
+    else:
+        print(report.format())
+    return 0 if report.fits else 1
 
 
 def _kernels(chips: list[str], args: argparse.Namespace) -> int:

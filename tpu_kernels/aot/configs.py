@@ -69,11 +69,25 @@ def llama3_8b() -> ModelSpec:
 def qwen3_moe_small() -> ModelSpec:
     """A two-layer Qwen3-MoE-shaped model in bf16: 8 experts, top-2, experts run as one
     grouped matmul (``torch._grouped_mm``, bf16 only: static shapes, one XLA program)."""
+    return _qwen3_moe("qwen3-moe-small", 4, 128, vocab_size=1024, hidden_size=256,
+                      intermediate_size=512, moe_intermediate_size=128, num_experts=8,
+                      num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+
+
+def qwen3_moe_30b() -> ModelSpec:
+    """Qwen3-30B-A3B's shapes in bf16: hidden 2048, 48 layers, 128 experts (FFN 768), top-8,
+    GQA 32/4, vocab 151936, one sequence of 4096 tokens (the pod-scale report)."""
+    return _qwen3_moe("qwen3-moe-30b", 1, 4096, vocab_size=151936, hidden_size=2048,
+                      intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                      num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32,
+                      num_key_value_heads=4, head_dim=128, max_position_embeddings=8192,
+                      rope_theta=1000000.0)
+
+
+def _qwen3_moe(name: str, batch: int, seq: int, **cfg) -> ModelSpec:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    config = Qwen3MoeConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
-                            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=64, max_position_embeddings=256, use_cache=False)
+    config = Qwen3MoeConfig(use_cache=False, **cfg)
     config._experts_implementation = "grouped_mm"
 
     def build():
@@ -83,7 +97,7 @@ def qwen3_moe_small() -> ModelSpec:
         experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
         dense = _multiplying_params(model) - experts
         return 6 * (dense + experts * config.num_experts_per_tok / config.num_experts)
-    return ModelSpec("qwen3-moe-small", build, batch=4, seq=128, loss=_hf_loss,
+    return ModelSpec(name, build, batch=batch, seq=seq, loss=_hf_loss,
                      dtype=torch.bfloat16, flops_per_token=flops_per_token)
 
 
@@ -114,5 +128,5 @@ def model_flops_per_token(spec: ModelSpec, model: nn.Module) -> float:
 
 BUNDLED: dict[str, Callable[[], ModelSpec]] = {
     "gpt": gpt, "llama-small": llama_small, "qwen3-moe-small": qwen3_moe_small,
-    "llama3-8b": llama3_8b,
+    "llama3-8b": llama3_8b, "qwen3-moe-30b": qwen3_moe_30b,
 }

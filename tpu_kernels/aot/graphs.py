@@ -49,6 +49,9 @@ class Graph:
     kind: str
     program: GraphProgram
     example_inputs: list[Any]
+    # the real tensor behind each input (parameters, buffers, the batch), for forward and
+    # inference graphs: Dynamo's inputs in order (AOTAutograd keeps it); None if unknown
+    sources: list[Any] | None = None
 
 
 class _Stop(Exception):
@@ -62,19 +65,26 @@ def capture(fn: Callable[..., Any], *args: Any) -> list[Graph]:
     from torch._dynamo.backends.common import aot_autograd
 
     graphs: list[Graph] = []
+    sources: list[Any] = []
 
     def compiler(kind: str):
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
-            graphs.append(Graph(kind, GraphProgram(gm, example_inputs), example_inputs))
+            known = sources if kind != "backward" and len(sources) == len(example_inputs) else None
+            graphs.append(Graph(kind, GraphProgram(gm, example_inputs), example_inputs, known))
 
             def stop(*_):
                 raise _Stop()
             return make_boxed_func(stop)
         return compile_graph
 
-    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                           inference_compiler=compiler("inference"),
-                           keep_inference_input_mutations=True)
+    aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                       inference_compiler=compiler("inference"),
+                       keep_inference_input_mutations=True)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        sources[:] = [getattr(n.meta.get("grapharg"), "example", None)
+                      for n in gm.graph.nodes if n.op == "placeholder"]
+        return aot(gm, example_inputs)
     # a cached compile of the same code (an earlier capture's stopping graphs) must not
     # answer for this one: start from empty caches, as a fresh process would
     torch.compiler.reset()

@@ -1,0 +1,182 @@
+"""SPMD cases run in a fresh process with 8 CPU devices (``tests/test_spmd.py`` starts it:
+XLA_FLAGS must be set before jax starts). ``python tests/spmd_cases.py CASE`` prints
+``ok CASE`` when every check passed."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import tpu_kernels  # noqa: E402,F401
+from tpu_kernels import spmd  # noqa: E402
+from tpu_kernels.models import GPT, GPTConfig, train  # noqa: E402
+
+TINY = GPTConfig(vocab=64, seq=8, dim=32, heads=4, layers=1)
+
+
+def api() -> None:
+    mesh = spmd.Mesh((2, 4), ("fsdp", "tp"))
+    x_cpu = torch.randn(8, 16)
+    x = spmd.mark_sharding(x_cpu.to("tpu"), mesh, ("fsdp", "tp"))
+    assert spmd.local_shapes(x) == [(4, 4)] * 8
+    assert spmd.spec_of(x) == ("fsdp", "tp")
+    y = spmd.mark_sharding(x_cpu.to("tpu"), mesh, (None, "tp"))
+    assert spmd.local_shapes(y) == [(8, 4)] * 8
+    plain = x_cpu.to("tpu")
+    # one op, three input layouts: jax compiles each (no executable mixes shardings)
+    for t in (plain, x, y, plain):
+        torch.testing.assert_close((t * 2 + 1).cpu(), x_cpu * 2 + 1)
+    assert spmd.local_shapes(x * 2) == [(4, 4)] * 8
+    torch.testing.assert_close((x @ y.T).cpu(), x_cpu @ x_cpu.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.sum(0).cpu(), x_cpu.sum(0), rtol=1e-5, atol=1e-5)
+    # an in-place write keeps the storage's layout
+    x.add_(torch.ones(8, 16, device="tpu"))
+    assert spmd.spec_of(x) == ("fsdp", "tp")
+    torch.testing.assert_close(x.cpu(), x_cpu + 1)
+    with pytest.raises(ValueError, match="not in the mesh"):
+        spmd.mark_sharding(x, mesh, ("dp", None))
+    with pytest.raises(ValueError, match="names 1 dims"):
+        spmd.mark_sharding(x, mesh, ("fsdp",))
+    with pytest.raises(ValueError, match="view"):
+        spmd.mark_sharding(x[1:], mesh, (None, None))
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        spmd.Mesh((4, 4), ("a", "b"))
+    # torch.compile and deferred mode compile the whole sharded program
+    f = torch.compile(lambda a, b: torch.relu(a @ b.T).sum(1), backend="tpu")
+    torch.testing.assert_close(f(x, y).cpu(), torch.relu((x_cpu + 1) @ x_cpu.T).sum(1),
+                               rtol=1e-5, atol=1e-5)
+    with tpu_kernels.deferred():
+        z = (x * y).exp().mean(1)
+    torch.testing.assert_close(z.cpu(), ((x_cpu + 1) * x_cpu).exp().mean(1), rtol=1e-5, atol=1e-5)
+
+
+def _check_sharded(model: nn.Module, mesh: spmd.Mesh, opt_state_of: dict | None = None) -> None:
+    """Every parameter (and its AdamW moments) sharded as placed: each device holds
+    1/shards of it."""
+    n_sharded = 0
+    for name, p in model.named_parameters():
+        spec = spmd.spec_of(p)
+        shards = [spmd.local_shapes(p)]
+        if opt_state_of is not None:
+            state = opt_state_of[p]
+            for k in ("exp_avg", "exp_avg_sq"):
+                assert spmd.spec_of(state[k]) == spec, (name, k, spmd.spec_of(state[k]), spec)
+                shards.append(spmd.local_shapes(state[k]))
+        expect = tuple(n // mesh.size(spec[d]) for d, n in enumerate(p.shape))
+        for s in shards:
+            assert s == [expect] * 8, (name, spec, s, expect)
+        n_sharded += any(a is not None for a in spec)
+    assert n_sharded, "nothing was sharded"
+
+
+def _train_both(make, shard, mode: str = "eager", steps: int = 5):
+    """Train a sharded and an unsharded copy of the same model; compare losses and
+    parameters; return the sharded model and its optimizer."""
+    torch.manual_seed(0)
+    ref_cpu = make()
+    batch = torch.randint(0, TINY.vocab, (8, TINY.seq + 1))
+    plain = copy.deepcopy(ref_cpu).to("tpu")
+    sharded = shard(copy.deepcopy(ref_cpu).to("tpu"))
+    kw = dict(deferred=mode == "deferred", compiled=mode == "compiled")
+    t = time.perf_counter()
+    want = train(plain, (batch.to("tpu"),), steps, **kw)
+    t1 = time.perf_counter() - t
+    t = time.perf_counter()
+    got = train(sharded, (batch.to("tpu"),), steps, **kw)
+    t8 = time.perf_counter() - t
+    cpu = train(ref_cpu, (batch,), steps)
+    print(f"{mode}: {steps} steps, 1 device {t1:.1f} s (first compiles included), "
+          f"8 devices {t8:.1f} s")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(cpu), rtol=1e-4, atol=1e-4)
+    # the trained models agree (parameters are not compared one by one: where a gradient is
+    # ~0, Adam's normalisation turns reduction-order rounding into steps of up to lr)
+    with torch.no_grad():
+        torch.testing.assert_close(sharded(batch[:, :-1].to("tpu")).cpu(),
+                                   plain(batch[:, :-1].to("tpu")).cpu(), rtol=1e-4, atol=1e-4)
+    return sharded
+
+
+def gpt_fsdp(mode: str = "eager") -> None:
+    mesh = spmd.Mesh((8,), ("fsdp",))
+    sharded = _train_both(lambda: GPT(TINY), lambda m: spmd.fsdp(m, mesh), mode)
+    _check_sharded(sharded, mesh)
+    _check_optimizer_follows(sharded, mesh)
+
+
+def _check_optimizer_follows(model: nn.Module, mesh: spmd.Mesh) -> None:
+    """One AdamW step on the sharded model: its moments are sharded as the parameters."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = torch.randint(0, TINY.vocab, (8, TINY.seq + 1), device="tpu")
+    model.loss(batch).backward()
+    opt.step()
+    _check_sharded(model, mesh, opt.state)
+
+
+GPT_TP_PLAN = {"blocks.*.attn.qkv": "colwise", "blocks.*.attn.proj": "rowwise",
+               "blocks.*.mlp.0": "colwise", "blocks.*.mlp.2": "rowwise"}
+
+
+def gpt_2d(mode: str = "eager") -> None:
+    mesh = spmd.Mesh((2, 4), ("fsdp", "tp"))
+
+    def shard(m):
+        spmd.tensor_parallel(m, mesh, GPT_TP_PLAN, axis="tp")
+        return spmd.fsdp(m, mesh, "fsdp")
+    sharded = _train_both(lambda: GPT(TINY), shard, mode)
+    specs = spmd.shardings(sharded)
+    assert specs["blocks.0.attn.qkv.weight"] == ("tp", "fsdp")
+    assert specs["blocks.0.attn.proj.weight"] == ("fsdp", "tp")
+    _check_sharded(sharded, mesh)
+
+
+class MoE(nn.Module):
+    """A top-2 mixture of GELU experts stacked on dim 0 (every expert runs on every token,
+    weighted by the router's renormalised top-2 gates: one einsum, shardable over experts)."""
+
+    def __init__(self, dim: int, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, dim, hidden) * dim ** -0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, dim) * hidden ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x)
+        top, idx = logits.topk(2, dim=-1)
+        gates = torch.zeros_like(logits).scatter(-1, idx, top.softmax(-1))
+        h = F.gelu(torch.einsum("btd,edf->btef", x, self.w1))
+        return torch.einsum("btef,efd,bte->btd", h, self.w2, gates)
+
+
+class MoEGPT(GPT):
+    def __init__(self, cfg: GPTConfig, experts: int = 8) -> None:
+        super().__init__(cfg)
+        for b in self.blocks:
+            b.mlp = MoE(cfg.dim, 2 * cfg.dim, experts)
+
+
+def moe_experts(mode: str = "eager") -> None:
+    mesh = spmd.Mesh((8,), ("ep",))
+    plan = {"blocks.*.mlp": {"w1": ("ep", None, None), "w2": ("ep", None, None)}}
+    sharded = _train_both(lambda: MoEGPT(TINY),
+                          lambda m: spmd.tensor_parallel(m, mesh, plan, axis="ep"), mode)
+    assert spmd.local_shapes(sharded.blocks[0].mlp.w1) == [(1, TINY.dim, 2 * TINY.dim)] * 8
+    _check_sharded(sharded, mesh)
+    _check_optimizer_follows(sharded, mesh)
+
+
+if __name__ == "__main__":
+    case, *args = sys.argv[1:]
+    assert len(jax.devices()) == 8, jax.devices()
+    globals()[case](*args)
+    print(f"ok {case}")

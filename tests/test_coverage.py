@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
-from tpu_kernels import coverage, registry
+from tpu_kernels import aot, coverage, registry
+from tpu_kernels.coverage import export
+from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry.custom_ops import DECLARED
 from tpu_kernels.registry.opnames import overload_or_none
 
@@ -180,3 +182,41 @@ def test_model_cli():
     text = "\n".join(lines)
     assert "aten.addmm.default" in text and "aten.gelu.default" in text
     assert "aten.gelu_backward.default" in text
+
+
+def test_export_cell_per_chip():
+    """The "compiles on" cell: each chip's verdict over the op's kernel impls; the detail
+    names the compiler's reason and the VMEM."""
+    ok = {"status": "ok", "reason": "", "vmem_bytes": 4 << 20, "seconds": 1.0}
+    fail = {"status": "fail", "reason": "VMEM: the kernel needs 34.00M", "vmem_bytes": None}
+    res = {"pallas:mm": {"chips": {"v5e": ok, "v6e": ok, "v7x": fail}},
+           "helion:mm": {"chips": {"v5e": {"status": "n/a", "reason": "refuses"}, "v6e": ok,
+                                   "v7x": ok}}}
+    assert coverage.export_text(res) == "v5e ok v6e ok v7x FAIL"
+    detail = export.export_detail(res)
+    assert "pallas:mm v7x: fail: VMEM: the kernel needs 34.00M" in detail
+    assert "pallas:mm v5e: ok, VMEM 4.0 MiB" in detail
+    assert coverage.export_text({"pallas:mm": {"status": "ok"}}) == "not checked"  # format 1
+    assert coverage.export_text({}) == "-"
+
+
+@pytest.mark.skipif(aot.unavailable_reason() is not None,
+                    reason="needs libtpu (the real TPU compiler)")
+def test_export_check_compiles_for_each_chip(tmp_path):
+    """``coverage --export-check --op`` compiles the op's kernels for v5e, v6e and v7x with
+    libtpu, records export.json, and a later report reads the column from it."""
+    out = tmp_path / "cov.json"
+    args = ["--format", "json", "--op", "aten.mm.default", "--results", str(tmp_path), "-o", str(out)]
+    coverage.main(["--export-check", *args])
+    recorded = json.loads((tmp_path / "export.json").read_text())
+    assert recorded["format"] == export.FORMAT
+    chips = recorded["ops"]["aten.mm.default"]["pallas:mm"]["chips"]
+    assert set(chips) == {"v5e", "v6e", "v7x"}
+    for chip, e in chips.items():
+        assert e["status"] == "ok", (chip, e)
+        assert 0 < e["vmem_bytes"] <= tpu_info.chip(chip).vmem_bytes
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["export"] == "v5e ok v6e ok v7x ok" and "VMEM" in row["export_detail"]
+    coverage.main(args)                                   # no compile: the cached column
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["export"] == "v5e ok v6e ok v7x ok"

@@ -21,6 +21,8 @@ LAYERS = [
     ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention", "tpu_kernels.autocast",
                      "tpu_kernels.serialization", "tpu_kernels.host_memory", "tpu_kernels.accelerator")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graph_program", "tpu_kernels.compile_backend")),
+    # collectives on tpu tensors: runtime handlers, and a program hook of graph_program
+    ("distributed", ("tpu_kernels.distributed",)),
     ("tools", ("tpu_kernels.testing", "tpu_kernels.models", "tpu_kernels.bench", "tpu_kernels.coverage",
                "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving", "tpu_kernels.aot",
                "tpu_kernels.transformers_flex")),

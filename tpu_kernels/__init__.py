@@ -38,5 +38,8 @@ _autocast.install()        # torch.autocast("tpu"): CUDA's op lists, bfloat16 by
 _serialization.install()   # torch.save / torch.load of tpu tensors, map_location="tpu"
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
 _accelerator.install()     # torch.accelerator.* for the tpu device
+from tpu_kernels import distributed as _distributed  # noqa: E402
+
+_distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)
 
 __all__ = ["tpu_kernel", "registry", "TpuTensor", "deferred", "flush"]

@@ -28,6 +28,17 @@ from tpu_kernels.tensor import TpuTensor, wrap
 
 log = logging.getLogger(__name__)
 
+# Builders that may run a graph's program another way (tpu_kernels.distributed: a graph
+# with collectives becomes one program over every rank's device): hook(gm, trace) returns
+# the jitted callable, or None to leave the graph to the plain jax.jit.
+_PROGRAM_HOOKS: list = []
+
+
+def register_program_hook(hook) -> None:
+    """Add ``hook(gm, trace) -> callable | None`` (see ``_PROGRAM_HOOKS``)."""
+    if hook not in _PROGRAM_HOOKS:
+        _PROGRAM_HOOKS.append(hook)
+
 
 class GraphProgram:
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
@@ -41,7 +52,9 @@ class GraphProgram:
         self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
         self._layouts: dict[tuple, list] = {}   # statics -> where each output comes from
         self._checks: dict[tuple, list] = {}    # statics -> (op, checks) per flag output
-        self._jitted = jax.jit(self._trace, static_argnums=(0,))
+        hooked = (hook(gm, self._trace) for hook in _PROGRAM_HOOKS)
+        self._jitted = next((j for j in hooked if j is not None), None) or \
+            jax.jit(self._trace, static_argnums=(0,))
         # a result shape that depends on values (bool-mask indexing, repeat_interleave by
         # a tensor) cannot be one XLA program: such a graph runs op by op, as eager does
         self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)

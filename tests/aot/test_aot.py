@@ -133,3 +133,37 @@ def test_check_impls_compiles_registry_impls():
     [r] = aot.check_impls(["v6e"], ops=["aten::mm"])
     assert (r.op, r.impl, r.chip, r.status) == ("aten::mm", "pallas:mm", "v6e", "ok"), r
     assert r.vmem_bytes and r.vmem_bytes <= tpu_info.CHIPS["v6e"].vmem_bytes
+
+
+@needs_libtpu
+def test_report_tables(tmp_path):
+    """bench/aot_report.py: the kernel x chip table with VMEM and compile time, and each
+    program's HBM figures, from a real compile."""
+    from tpu_kernels.bench import aot_report
+    out = tmp_path / "aot.md"
+    assert aot_report.main(["--chips", "v6e", "--models", "", "--kernels", "bmm", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "| kernel | v6e |" in text and "Compile time of the whole set" in text
+    [row] = [line for line in text.splitlines() if line.startswith("| bmm | ok ")]
+    assert "MiB" in row and row.rstrip(" |").endswith(" s"), row
+    assert any(line.startswith("| bmm | v6e | ") for line in text.splitlines())
+
+
+def test_step_report_keeps_each_programs_failure():
+    """A training step whose backward does not fit still reports the programs that compiled,
+    and says why the step does not run; no step time or MFU is claimed for it."""
+    from tpu_kernels.aot.summary import Summary
+    from tpu_kernels.aot.training import StepReport
+    fwd = Summary(chip="v5e", kernels=(), argument_bytes=1 << 30, output_bytes=1 << 20, alias_bytes=0,
+                  temp_bytes=2 << 30, generated_code_bytes=0, flops=1e12, bytes_accessed=1e9,
+                  transcendentals=0.0, optimal_seconds=0.01, compile_seconds=1.0,
+                  unknown_calls=("SomeCall",))
+    why = "HBM: the program's temporaries need 20G, the chip has 16G"
+    r = StepReport("m", "v5e", params=10, tokens=8, model_flops=1e12, programs=[("forward", fwd)],
+                   failures=[("backward", why)])
+    assert not r.ok and r.step_seconds is None and r.mfu is None
+    assert r.peak_hbm_bytes == fwd.hbm_bytes
+    text = r.format()
+    assert f"backward  does not compile: {why}" in text and "does not fit one v5e" in text
+    ok = StepReport("m", "v5e", params=10, tokens=8, model_flops=1e12, programs=[("forward", fwd)])
+    assert ok.ok and ok.step_seconds == 0.01 and "uncertain: custom calls SomeCall" in ok.format()

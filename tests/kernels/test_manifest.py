@@ -16,7 +16,7 @@ from tpu_kernels.registry.manifest import KERNELS
 from tpu_kernels.registry.opnames import resolve_overload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HELPERS = {"tpu_kernels.pallas.tpu_info", "tpu_kernels.pallas.export_check", "tpu_kernels.pallas.launch", "tpu_kernels.pallas.reference",
+HELPERS = {"tpu_kernels.pallas.tpu_info", "tpu_kernels.pallas.launch", "tpu_kernels.pallas.reference",
            "tpu_kernels.helion_kernels._common", "tpu_kernels.pallas.flex_blocks"}
 # Kernels bound to torch's higher-order ops rather than registry ops, so they have no
 # manifest entry: why, and where their pieces are.

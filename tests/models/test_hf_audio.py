@@ -7,7 +7,7 @@ import torch
 import transformers as tf
 
 from model_harness import Case, check_forward, check_train_step
-from tiny import AUDIO_CONV, B, CPU_SCALAR, H, I, L, NH, V, audio, build
+from tiny import AUDIO_CONV, B, H, I, L, NH, V, audio, build
 
 _ENCODER = dict(vocab_size=16, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
                 num_attention_heads=NH, **AUDIO_CONV)
@@ -21,6 +21,11 @@ def _features() -> dict:
 def _spectrogram() -> dict:
     return {"input_values": torch.randn(B, 16, 16), "labels": torch.randint(0, 4, (B,))}
 
+# sew_d's training step: lm_head.bias's gradient is off the float64 step by 1.9e-5 where CPU's
+# is off by 4.9e-8, although every ATen op matches CPU when replayed alone
+SEW_D_GRAD = ("training step: grad of lm_head.bias differs from CPU (tpu off the float64 step by 1.9e-5, "
+              "CPU by 4.9e-8) while every ATen op matches when replayed alone; not localised yet")
+
 CASES = [
     Case("hubert", build(tf.HubertForCTC, tf.HubertConfig, feat_extract_norm="group", **_ENCODER), audio),
     Case("wavlm", build(tf.WavLMForCTC, tf.WavLMConfig, attn=None, feat_extract_norm="group", num_buckets=8,
@@ -28,7 +33,7 @@ CASES = [
     Case("sew", build(tf.SEWForCTC, tf.SEWConfig, squeeze_factor=2, feat_extract_norm="group", **_ENCODER), audio),
     Case("sew_d", build(tf.SEWDForCTC, tf.SEWDConfig, attn=None, squeeze_factor=2, position_buckets=8,
                         max_position_embeddings=64, feat_extract_norm="group", **_ENCODER), audio,
-         xfail_forward=CPU_SCALAR, xfail_train=CPU_SCALAR),
+         xfail_train=SEW_D_GRAD),
     Case("data2vec_audio", build(tf.Data2VecAudioForCTC, tf.Data2VecAudioConfig, **_ENCODER), audio),
     Case("speech_to_text", build(tf.Speech2TextForConditionalGeneration, tf.Speech2TextConfig, attn="eager",
                                  vocab_size=V, d_model=H,

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 
 from model_harness import Case, check_forward, check_train_step
-from tiny import B, BERT_LIKE, CPU_INDEX, H, I, L, LLAMA_LIKE, NH, S, V, build, image_text
+from tiny import B, BERT_LIKE, H, I, L, LLAMA_LIKE, NH, S, V, build, image_text
 
 _TEXT = dict(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
              max_position_embeddings=S)
@@ -52,8 +52,7 @@ CASES = [
          image_text, output=_contrastive),
     # patch selection indexes the patch embeddings with indices built on CPU
     Case("vilt", build(tf.ViltForQuestionAnswering, tf.ViltConfig, attn=None, image_size=16, patch_size=4,
-                       num_labels=4, max_image_length=-1, **BERT_LIKE), _vqa,
-         xfail_forward=CPU_INDEX, xfail_train=CPU_INDEX),
+                       num_labels=4, max_image_length=-1, **BERT_LIKE), _vqa),
     Case("llava", _llava, _llava_inputs),
 ]
 

@@ -27,13 +27,12 @@ AUDIO_CONV = dict(conv_dim=(16, 16), conv_stride=(4, 2), conv_kernel=(8, 4), num
                   mask_time_prob=0.0, mask_feature_prob=0.0, ctc_loss_reduction="mean", pad_token_id=0)
 
 
-# Known failures of issue 19 class 2 (fixed in the dispatcher after its refactor lands):
-# torch lets a CUDA tensor be indexed by CPU index tensors and take 0-dim CPU tensors as
-# scalars; the tpu dispatcher still refuses every CPU tensor.
-CPU_INDEX = ("indexes a tpu tensor with a CPU index tensor (aten.index.Tensor): CUDA accepts "
-             "CPU indices, the tpu dispatcher refuses them ('Expected all tensors to be on the same device')")
-CPU_SCALAR = ("passes a 0-dim CPU tensor as masked_fill's value (aten.masked_fill.Tensor): CUDA "
-              "accepts it, the tpu dispatcher refuses it ('Expected `value` to be on same device as `a`')")
+# A training step whose gradients differ from CPU's beyond the float32 tolerance while every
+# ATen op matches CPU when replayed alone (the harness's op-by-op check): accumulated float32
+# rounding over a long backward, with no float64 run of the model to tell which side is closer.
+F32_DRIFT = ("training step: gradients differ from CPU beyond (1e-5, 1.3e-6) although every ATen op "
+             "matches when replayed alone (accumulated float32 rounding); the model has no float64 run "
+             "to show tpu is as accurate as CPU")
 
 
 def build(model_cls, config_cls, attn: str | None = "sdpa", experts: str | None = None,

@@ -1,6 +1,7 @@
 """Every Pallas and Helion kernel at production shapes, forward and backward, as programs
 to compile: Llama-3-8B-like (hidden 4096, FFN 14336, vocab 128256, sequence 4096-8192,
-head_dim 128 and 64, GQA 32/8) and MoE layers of 8 and 64 experts, in bf16.
+head_dim 128 and 64, GQA 32/8), MoE layers of 8 and 64 experts, and a serving decode step
+(256 sequences of context 8192 in pages of 16), in bf16.
 
 A case is a JAX function and the abstract arguments to compile it with; differentiable
 kernels are compiled as ``value_and_grad`` of a scalar loss, so one program holds the
@@ -21,6 +22,7 @@ from tpu_kernels.pallas import fused_adam
 from tpu_kernels.pallas import grouped_matmul as gm
 from tpu_kernels.pallas import linear_cross_entropy as lce
 from tpu_kernels.pallas import matmul as mm
+from tpu_kernels.pallas import ragged_paged_attention as rpa
 from tpu_kernels.helion_kernels import cumsum, glu, layer_norm, rms_norm, rope, softmax
 from tpu_kernels.helion_kernels import topk, var_mean
 
@@ -56,6 +58,12 @@ def _pallas() -> list[Case]:
         return fused_adam.fused_adamw(p, g, m, v, None, [5.0] * len(p), lr=1e-3, beta1=0.9,
                                       beta2=0.95, weight_decay=0.1, eps=1e-8)
 
+    def paged_decode(seqs=256, context=8192, page=16):     # inference only: no backward
+        pages = context // page
+        kv = S((seqs * pages, 8, page, 128), BF16)
+        return (S((seqs, 32, 128), BF16), kv, kv, S((seqs,), I32), S((seqs, pages), I32),
+                S((seqs + 1,), I32), S((1,), I32))
+
     adam_shapes = [(HIDDEN, FFN), (HIDDEN,), (1000, 3)]
     causal = lambda q, k, v: fa.flash_attention(q, k, v, causal=True)  # noqa: E731
     return [
@@ -84,6 +92,7 @@ def _pallas() -> list[Case]:
              (S((2 * TOKENS, HIDDEN), BF16), S((8, HIDDEN, FFN), BF16), S((8,), I32))),
         Case("ragged_dot_64_experts", "pallas", _grad(gm.ragged_dot, (0, 1)),
              (S((8 * TOKENS, 2048), BF16), S((64, 2048, 768), BF16), S((64,), I32))),
+        Case("ragged_paged_attention", "pallas", rpa.ragged_paged_attention, paged_decode()),
     ]
 
 

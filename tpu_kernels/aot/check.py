@@ -26,11 +26,11 @@ class Result:
     summary: Summary | None = None
 
     def cell(self) -> str:
-        """A table cell: "ok 12.3 MiB" or "FAIL: reason"."""
+        """A table cell: "ok 12.3 MiB, 4.1 s" (VMEM, compile time) or "FAIL: reason"."""
         if not self.ok:
             return f"FAIL: {self.reason}"
         vmem = "VMEM n/a" if self.vmem_bytes is None else f"{self.vmem_bytes / tpu_info.MiB:.1f} MiB"
-        return f"ok {vmem}"
+        return f"ok {vmem}, {self.seconds:.1f} s"
 
 
 def check(name: str, fn: Callable[..., Any], specs: Sequence[Any], chip: str) -> Result:

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", metavar="PATH", help="write the report here instead of stdout")
     p.add_argument("--chart", metavar="PATH", help="write the PNG chart (stacked bars per tier by kind)")
     p.add_argument("--export-check", action="store_true",
-                   help="lower every Pallas/Helion impl for TPU now (records .tpu_kernels/export.json)")
+                   help="compile every Pallas/Helion impl for v5e, v6e and v7x now with the real TPU "
+                        "compiler (libtpu; with --op, only those ops); records .tpu_kernels/export.json")
     p.add_argument("--results", default=RESULTS_DIR, metavar="DIR", help="results directory (.tpu_kernels)")
     p.add_argument("--model", metavar="MODULE:FACTORY",
                    help="trace a model: FACTORY() returns (model, example_inputs); lists the ops it needs")
@@ -57,7 +58,7 @@ def main_args(a: argparse.Namespace, out=None) -> int:
         text = json.dumps(rep, indent=1, default=str) if a.format == "json" else format_model_report(rep)
         _emit(text, a.output, write)
         return 0
-    rep = build(results_dir=a.results, do_export_check=a.export_check)
+    rep = build(results_dir=a.results, do_export_check=a.export_check, export_ops=a.op)
     rows = filter_rows(rep["rows"], a.tier, a.kind, a.missing, a.op)
     if a.format == "json":
         shown = dict(rep, rows=rows)

@@ -1,70 +1,77 @@
-"""The report's TPU column: does each Pallas/Helion impl of an op lower for TPU?
+"""The report's TPU column: does each Pallas/Helion impl of an op compile on v5e / v6e / v7x?
 
-``compile_check`` is the one function that answers for one impl and one input; today it
-exports with ``jax.export(platforms=["tpu"])`` (the Pallas -> Mosaic lowering, which
-rejects illegal block shapes; Mosaic's own passes only run in a real TPU compile).
+The answer comes from the real compiler: ``tpu_kernels.aot.check_impls`` compiles every
+kernel impl of the op at production shapes with XLA:TPU and Mosaic from libtpu (compile-only
+topologies, no TPU needed), per chip: ok with the VMEM Mosaic allocated, fail with the
+compiler's reason, or n/a (the impl refuses the production input, or the op has none).
 """
 from __future__ import annotations
 
 import datetime
 from typing import Any, Callable
 
-import jax
-import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
-
-from tpu_kernels.pallas.export_check import lower_for_tpu
-from tpu_kernels.registry import REGISTRY, Impl
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels import aot
+from tpu_kernels.pallas import tpu_info
+from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.kinds import KERNEL_KINDS
 
-
-def compile_check(impl: Impl, args: tuple, kwargs: dict) -> None:
-    """Lower ``impl.fn`` for TPU on abstract copies of the args; raise when it does not."""
-    leaves, spec = tree_flatten((args, kwargs))
-    pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    structs = [jax.ShapeDtypeStruct(tuple(leaves[i].shape), to_jax_dtype(leaves[i].dtype)) for i in pos]
-
-    def f(*arrays):
-        full = list(leaves)
-        for i, a in zip(pos, arrays):
-            full[i] = a
-        a, kw = tree_unflatten(full, spec)
-        return impl.fn(*a, **kw)
-
-    exported = lower_for_tpu(f, *structs)   # kernels lower to Mosaic for a chip (compile_for)
-    if "tpu_custom_call" not in exported.mlir_module():
-        raise RuntimeError("lowered, but no Mosaic kernel (tpu_custom_call) in the module: "
-                           "the kernel did not take its TPU path")
+FORMAT = 2                                   # export.json: impl -> {"chips": {chip: result}}
+CHIPS: tuple[str, ...] = tuple(tpu_info.CHECKED_GENERATIONS)
 
 
-def _meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    return x
-
-
-def export_check(op: Any, inputs: list[tuple[tuple, dict, str]],
-                 progress: Callable[[str], None]) -> dict[str, dict]:
-    """Per kernel impl of ``op``: lowered for TPU ("ok"), failed ("fail", reason) or "n/a",
-    on the first of ``inputs`` (args, kwargs, label) the impl accepts."""
-    results: dict[str, dict] = {}
+def export_check(op: Any, progress: Callable[[str], None],
+                 chips: tuple[str, ...] = CHIPS) -> dict[str, dict]:
+    """Per kernel impl of ``op`` ("pallas:mm"): ``{"chips": {chip: {"status", "reason",
+    "vmem_bytes", "seconds"}}, "date"}`` from a real compile for each chip."""
     today = datetime.datetime.now().isoformat(timespec="seconds")
-    for impl in REGISTRY.impls(op):
-        if impl.kind not in KERNEL_KINDS:
-            continue
-        label = f"{impl.kind}:{impl.name}"
-        progress(f"coverage: export check {op} {label}")
-        res = {"status": "n/a", "reason": "no input the kernel accepts", "date": today}
-        for a, kw, desc in inputs:
-            if impl.check(*tree_map(_meta, a), **tree_map(_meta, kw)) is not None:
-                continue
-            try:
-                compile_check(impl, a, kw)
-                res = {"status": "ok", "input": desc, "date": today}
-            except Exception as exc:  # noqa: BLE001
-                res = {"status": "fail", "input": desc, "reason": f"{type(exc).__name__}: {exc}"[:300],
-                       "date": today}
-            break
-        results[label] = res
+    labels = [f"{i.kind}:{i.name}" for i in REGISTRY.impls(op) if i.kind in KERNEL_KINDS]
+    results: dict[str, dict] = {label: {"chips": {}, "date": today} for label in labels}
+    reason = aot.unavailable_reason()
+    if reason:
+        for label in labels:
+            results[label]["chips"] = {c: _entry("n/a", reason) for c in chips}
+        return results
+
+    def report(r: aot.ImplResult) -> None:
+        progress(f"coverage: compile {op} {r.impl} for {r.chip}: {r.status}")
+    for r in aot.check_impls(chips, ops=[op.name()], progress=report):
+        results[r.impl]["chips"][r.chip] = _entry(r.status, r.reason, r.vmem_bytes, r.seconds)
     return results
+
+
+def _entry(status: str, reason: str = "", vmem_bytes: int | None = None,
+           seconds: float = 0.0) -> dict:
+    return {"status": status, "reason": reason, "vmem_bytes": vmem_bytes,
+            "seconds": round(seconds, 2)}
+
+
+def chip_status(res: dict, chip: str) -> str:
+    """One chip's verdict over an op's kernel impls: FAIL if one fails, ok if one compiles
+    and none fails, else n/a."""
+    sts = [v.get("chips", {}).get(chip, {}).get("status", "n/a") for v in res.values()]
+    return "FAIL" if "fail" in sts else "ok" if "ok" in sts else "n/a"
+
+
+def export_text(res: dict | None) -> str:
+    """The report cell: "-" without kernels, "not checked" for an entry of an older format,
+    else each chip's verdict ("v5e ok v6e ok v7x FAIL")."""
+    if not res:
+        return "-"
+    if not all("chips" in v for v in res.values()):
+        return "not checked"
+    chips = list(dict.fromkeys(c for v in res.values() for c in v["chips"]))
+    return " ".join(f"{c} {chip_status(res, c)}" for c in chips) or "not checked"
+
+
+def export_detail(res: dict) -> str:
+    """Why each impl failed or was not compiled, and the VMEM of those that compiled."""
+    parts = []
+    for label, v in res.items():
+        for chip, e in v.get("chips", {}).items():
+            if e.get("status") == "ok":
+                vmem = e.get("vmem_bytes")
+                parts.append(f"{label} {chip}: ok" + (f", VMEM {vmem / tpu_info.MiB:.1f} MiB"
+                                                      if vmem else ""))
+            else:
+                parts.append(f"{label} {chip}: {e.get('status')}: {e.get('reason', '')}")
+    return "; ".join(parts)

@@ -45,7 +45,7 @@ def _impls_text(r: dict) -> str:
 
 
 _TCOLS = (("op", 48), ("tier", 6), ("impls", 16), ("pick (here)", 26), ("pick (TPU)", 26),
-          ("parity", 13), ("export", 11), ("speed", 0))
+          ("parity", 13), ("compiles on", 23), ("speed", 0))
 
 
 def format_text(rep: dict, rows: list[dict]) -> str:
@@ -60,7 +60,7 @@ def format_text(rep: dict, rows: list[dict]) -> str:
     lines.append("-" * 160)
     for r in rows:
         cells = [r["op"][:48], r["tier"], _impls_text(r)[:16], r["pick"][:26], r["pick_tpu"][:26],
-                 r["parity"][:13], r["export"][:11], r["speed"]]
+                 r["parity"][:13], r["export"][:23], r["speed"]]
         lines.append(" ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, _TCOLS)).rstrip())
     lines.append(f"\n{len(rows)} rows")
     return "\n".join(lines)
@@ -73,7 +73,7 @@ def format_markdown(rep: dict, rows: list[dict]) -> str:
     out.append("|---|---|" + "---|" * len(ORDER))
     for k, t in sorted(rep["totals"]["tiers"].items()):
         out.append(f"| {k} | {t['covered']}/{t['total']} | " + " | ".join(str(t["by_kind"][x]) for x in ORDER) + " |")
-    out += ["", "| op | tier | impls | pick (here) | pick (TPU) | parity | TPU export | speed |",
+    out += ["", "| op | tier | impls | pick (here) | pick (TPU) | parity | compiles on (real TPU compile) | speed |",
             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [f"`{r['op']}`", r["tier"], _impls_text(r), r["pick"], r["pick_tpu"], r["parity"],
@@ -97,14 +97,14 @@ def format_html(rep: dict, rows: list[dict]) -> str:
     png = chart_png(rep)
     e = html.escape
     head = "".join(f"<th onclick='sortBy(this)'>{e(n)}</th>" for n in
-                   ("op", "tier", "impls", "pick (here)", "pick (TPU)", "parity", "TPU export", "speed"))
+                   ("op", "tier", "impls", "pick (here)", "pick (TPU)", "parity", "compiles on", "speed"))
     body = []
     for r in rows:
         cls = "miss" if not r["covered"] else ""
         cells = [r["op"], r["tier"], _impls_text(r), r["pick"], r["pick_tpu"], r["parity"], r["export"], r["speed"]]
-        title = e(r.get("parity_detail", ""))
+        titles = {5: e(r.get("parity_detail", "")), 6: e(r.get("export_detail", ""))}
         body.append(f"<tr class='{cls}'>" + "".join(
-            f"<td title='{title}'>{e(str(c))}</td>" if j == 5 else f"<td>{e(str(c))}</td>"
+            f"<td title='{titles[j]}'>{e(str(c))}</td>" if j in titles else f"<td>{e(str(c))}</td>"
             for j, c in enumerate(cells)) + "</tr>")
     files = "".join(f"<li>{e(f['text'])}</li>" for f in rep["files"].values())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>tpu_kernels coverage</title>

@@ -1,6 +1,6 @@
 """The coverage report as data: one row per target overload and custom op (the route it
-takes, the impl picked for a typical input here and on a TPU, parity, TPU export,
-speed), the totals, and the state of the results files it read."""
+takes, the impl picked for a typical input here and on a TPU, parity, whether its kernels
+compile for v5e / v6e / v7x, speed), the totals, and the state of the results files it read."""
 from __future__ import annotations
 
 import datetime
@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from tpu_kernels.bench.runner import load_benchmarks, op_id
-from tpu_kernels.coverage.export import export_check
+from tpu_kernels.coverage.export import FORMAT as EXPORT_FORMAT
+from tpu_kernels.coverage.export import export_check, export_detail, export_text
 from tpu_kernels.coverage.inputs import pick, typical_input
 from tpu_kernels.coverage.results import (RESULTS_DIR, bench_speed, file_state, load_json, parity_status,
                                           registry_changed)
@@ -28,20 +28,6 @@ PARITY_STATES = ("pass", "fail", "known_failure", "untested", "not run", "no run
 FILE_STATES = ("missing", "unreadable", "stale", "current")
 
 
-def kernel_inputs(op: Any, inp) -> list[tuple[tuple, dict, str]]:
-    """Inputs to export a kernel with: the benchmark definitions' cases first (shapes the
-    kernel was written for), then the typical input."""
-    out = []
-    for b in load_benchmarks():
-        if op_id(b) == str(op):
-            for c in sorted(b.cases, key=lambda c: not c.quick)[:4]:
-                a, kw = b.make_args(c)
-                out.append((a, kw, c.label + " " + str(c.dtype).replace("torch.", "")))
-    if inp is not None:
-        out.append(inp)
-    return out
-
-
 def _progress_printer(enabled: bool = True) -> Callable[[str], None]:
     last = [0.0]
 
@@ -53,8 +39,10 @@ def _progress_printer(enabled: bool = True) -> Callable[[str], None]:
 
 
 def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
-          progress: Callable[[str], None] | None = None) -> dict:
-    """The whole report as a dict (what ``--format json`` prints)."""
+          progress: Callable[[str], None] | None = None, export_ops: str | None = None) -> dict:
+    """The whole report as a dict (what ``--format json`` prints). ``do_export_check``
+    compiles the kernel impls for each chip now (only of ops whose name holds
+    ``export_ops``, when given) and records them in ``export.json``."""
     progress = progress or _progress_printer()
     changed = registry_changed()
     parity_path = os.path.join(results_dir, "parity.json")
@@ -63,6 +51,8 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
     parity = load_json(parity_path)
     bench = load_json(bench_path)
     export = load_json(export_path)
+    if export and export.get("format") != EXPORT_FORMAT:
+        export = None        # an older format (a TPU lowering, not a compile): not checked
     export_new: dict[str, dict] = {}
 
     entries = [(t["op"], t["tier"], t["models"]) for t in load_targets()]
@@ -93,14 +83,13 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         kernel_impls = [k for k in KERNEL_KINDS if k in row["kinds"]]
         if not kernel_impls:
             row["export"] = "-"
-        elif do_export_check and op is not None:
-            res = export_check(op, kernel_inputs(op, inp), progress)
-            export_new[name] = res
-            row["export"] = _export_text(res)
-            row["export_detail"] = res
+        elif do_export_check and op is not None and (not export_ops or export_ops in name):
+            export_new[name] = export_check(op, progress)
+            row["export"] = export_text(export_new[name])
+            row["export_detail"] = export_detail(export_new[name])
         elif export and name in export.get("ops", {}):
-            row["export"] = _export_text(export["ops"][name])
-            row["export_detail"] = export["ops"][name]
+            row["export"] = export_text(export["ops"][name])
+            row["export_detail"] = export_detail(export["ops"][name])
         else:
             row["export"] = "not checked"
         ratio, text = bench_speed(name, bench)
@@ -108,7 +97,7 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         rows.append(row)
 
     if do_export_check:
-        export = {"format": 1, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        export = {"format": EXPORT_FORMAT, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                   "ops": {**((export or {}).get("ops", {})), **export_new}}
         os.makedirs(results_dir, exist_ok=True)
         with open(export_path, "w") as f:
@@ -127,17 +116,6 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
             "torch": torch.__version__, "registry_changed": (
                 datetime.datetime.fromtimestamp(changed).isoformat(timespec="seconds") if changed else None),
             "files": files, "totals": totals(rows, kernels, parity is not None), "rows": rows}
-
-
-def _export_text(res: dict) -> str:
-    if not res:
-        return "-"
-    sts = [v.get("status") for v in res.values()]
-    if all(s == "ok" for s in sts):
-        return "ok"
-    if any(s == "fail" for s in sts):
-        return "FAIL"
-    return "/".join(sorted(set(sts)))
 
 
 def totals(rows: list[dict], kernels: dict[str, int], have_parity: bool) -> dict:

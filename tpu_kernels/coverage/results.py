@@ -55,7 +55,7 @@ def file_state(kind: str, path: str, data: dict | None, date: str | None, change
 
 _HOW = {"parity": "no parity run recorded (run pytest tests/parity)",
         "bench": "no bench run recorded (run python -m tpu_kernels bench)",
-        "export": "no TPU export check recorded (run coverage --export-check)"}
+        "export": "no TPU compile check recorded (run coverage --export-check)"}
 
 
 def parity_status(entry: dict | None, have_file: bool) -> tuple[str, str]:

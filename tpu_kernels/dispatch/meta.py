@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import torch
 
+from tpu_kernels.dispatch.devices import meta_of_cpu
 from tpu_kernels.dispatch.plan import op_plan
 from tpu_kernels.dispatch.signature import fill_call, split
 from tpu_kernels.registry import Impl
@@ -20,7 +21,7 @@ def _to_meta(v: Any) -> Any:
         if isinstance(v, TpuTensor):
             base = torch.empty(v._tpu_storage.numel, dtype=v.dtype, device="meta")
             return base.as_strided(v.shape, v.stride(), v.storage_offset())
-        return v  # CPU scalar tensors (and foreach `scalars`) stay on the CPU, as torch wants
+        return meta_of_cpu(v)  # a CPU tensor the call may take (devices.py)
     if isinstance(v, (list, tuple)):
         return type(v)(_to_meta(x) for x in v)
     if isinstance(v, torch.device) and v.type == "tpu":
@@ -37,7 +38,59 @@ def meta_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def meta_call(op: Any, args: tuple, kwargs: dict) -> Any:
     """``op`` run on the call's meta arguments: torch's meta result."""
     margs, mkwargs = meta_args(args, kwargs)
-    return op(*margs, **mkwargs)
+    return _torch_meta(op, margs, mkwargs, args, kwargs)
+
+
+# A CPU stand-in larger than this many elements is not made: the meta function's error stays.
+PROBE_LIMIT = 1 << 22
+
+
+def _torch_meta(op: Any, margs: tuple, mkwargs: dict, args: tuple, kwargs: dict) -> Any:
+    """torch's meta result; for arguments the op refuses, torch's CPU kernel's error.
+
+    A meta function checks what the kernels check, but often in its own words ("a and b
+    must have same reduction dim" where CPU and CUDA say "mat1 and mat2 shapes cannot be
+    multiplied"); a user sees the kernel's words on CUDA. So when the meta function
+    refuses, the call runs once on zero-filled CPU stand-ins of the same geometry and
+    that error is raised (only on this error path; meta functions check geometry and
+    dtypes, not values, so the stand-ins' values do not matter)."""
+    try:
+        return op(*margs, **mkwargs)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        cpu = cpu_error(op, args, kwargs)
+        if cpu is None:
+            raise
+        raise cpu from exc
+
+
+def cpu_error(op: Any, args: tuple, kwargs: dict) -> Exception | None:
+    """The error torch's CPU kernel raises for the call on stand-ins; None when it raises
+    none (or the stand-ins would be too big to make)."""
+    budget = [PROBE_LIMIT]
+
+    def stand_in(v: Any) -> Any:
+        if isinstance(v, TpuTensor):
+            n = v._tpu_storage.numel
+            budget[0] -= n
+            if budget[0] < 0:
+                raise OverflowError
+            return torch.zeros(n, dtype=v.dtype).as_strided(v.shape, v.stride(), v.storage_offset())
+        if isinstance(v, (list, tuple)):
+            return type(v)(stand_in(x) for x in v)
+        if isinstance(v, torch.device) and v.type == "tpu":
+            return torch.device("cpu")
+        return v
+    try:
+        cargs, ckwargs = tuple(stand_in(a) for a in args), {k: stand_in(v) for k, v in kwargs.items()}
+    except OverflowError:
+        return None
+    try:
+        op(*cargs, **ckwargs)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        return exc
+    except Exception:  # noqa: BLE001 - a different kind of failure: keep the meta error
+        return None
+    return None
 
 
 def out_metas(out: Any) -> list[OutMeta | None]:
@@ -62,7 +115,7 @@ def meta_result(op, impl: Impl, margs, mkwargs, targs, tkw, args, kwargs) -> Any
     abstractly; an impl that needs torch's metadata to trace cannot run such an op.
     """
     try:
-        return op(*margs, **mkwargs)
+        return _torch_meta(op, margs, mkwargs, args, kwargs)
     except (NotImplementedError, AttributeError, TypeError) as exc:
         # no meta kernel, or a meta kernel that breaks on valid input (e.g. reading the
         # device of a None bias): take the metadata from the impl instead

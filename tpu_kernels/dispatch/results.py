@@ -8,7 +8,6 @@ import jax
 import torch
 
 from tpu_kernels import strided
-from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
 from tpu_kernels.dispatch.plan import OpPlan
@@ -78,12 +77,13 @@ def wrap_tree(out: Any) -> Any:
 
 
 def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
-    """An op's result. Eager results are contiguous; inside a compiled graph they take the
-    strides torch's meta function gave, because the graph's later views (recorded by
-    AOTAutograd against those strides) must cut the same elements."""
+    """An op's result, with the strides torch's meta function gave: a compiled graph's later
+    views (recorded by AOTAutograd against those strides) and DTensor (which keeps the
+    meta's strides as the global tensor's and views local tensors by them) must cut the
+    same elements. Nearly every result is contiguous; attention outputs and their
+    gradients are not (they follow the query's layout, as torch's kernels do)."""
     stride = meta.stride()
-    trace = graph_trace.active()
-    if trace is None or not trace.torch_strides or stride == strided.contiguous_strides(tuple(array.shape)):
+    if stride == strided.contiguous_strides(tuple(array.shape)):
         return wrap(array, meta.dtype)
     order = strided.memory_order(tuple(array.shape), stride)
     if order is None:   # not a dense layout (torch's meta functions rarely say so)

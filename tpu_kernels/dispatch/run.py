@@ -17,6 +17,7 @@ from tpu_kernels import errors, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import mode_token
+from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import leaf_value, split
@@ -46,6 +47,17 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     return run_call(op, args, kwargs)
 
 
+def _torch_error(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:
+    """What a failed call raises, in torch's words: out of memory as torch's
+    ``OutOfMemoryError``; arguments an impl refused while tracing (a check torch's meta
+    function does not make) with torch's CPU kernel's error for the same call."""
+    if "RESOURCE_EXHAUSTED" in str(exc):  # XLA could not allocate
+        return torch.OutOfMemoryError(f"{op}: out of memory on the tpu device: {exc}")
+    if isinstance(exc, (RuntimeError, ValueError, IndexError)):
+        return cpu_error(op, args, kwargs) or exc
+    return exc
+
+
 def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run one call through its signature's ``CompiledCall`` (the route after runtime
     handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
@@ -72,10 +84,11 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         return finish(compiled, args, kwargs, compiled.fn(*[lazy.concrete(d) for d in dyn]))
     try:
         out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else compiled.fn(*dyn)
-    except Exception as exc:  # XLA could not allocate: say so the way torch does
-        if "RESOURCE_EXHAUSTED" not in str(exc):
+    except Exception as exc:
+        err = _torch_error(op, args, kwargs, exc)
+        if err is exc:
             raise
-        raise torch.OutOfMemoryError(f"{op}: out of memory on the tpu device: {exc}") from exc
+        raise err from exc
     if flags is not None:
         trace = graph_trace.active()
         if trace is not None:   # traced: the flags become outputs of the compiled graph

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from tpu_kernels.dispatch.devices import cpu_arg_allowed, device_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, OpPlan
 from tpu_kernels.storage import to_jax
 from tpu_kernels.tensor import TpuTensor, read
@@ -17,12 +18,6 @@ def freeze(v: Any) -> Any:
     if isinstance(v, torch.Tensor):  # a tensor in a non-tensor slot (rare): key by identity
         return ("tensor", id(v))
     return v
-
-
-def device_error(op, t: torch.Tensor) -> RuntimeError:
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"tpu:0 and {t.device}! (when checking arguments for {op})")
 
 
 class Split:
@@ -44,10 +39,10 @@ class Split:
                 self.sig.append((v.shape, v.dtype))
                 return SLOT
             if isinstance(v, torch.Tensor):
-                # CPU scalar tensors mix like in torch; foreach ops take a CPU `scalars` list
-                if v.device.type != "cpu" or (v.dim() != 0 and name != "scalars"):
+                # a CPU tensor where torch lets a CUDA op take one (devices.py: the rule)
+                if not cpu_arg_allowed(self.op, name, v):
                     raise device_error(self.op, v)
-                self.leaves.append(v)  # a CPU scalar tensor mixes like in torch
+                self.leaves.append(v)
                 self.sig.append(("cpu", v.shape, v.dtype))
                 return SLOT
             if type(v) in (int, float, bool):  # a wrapped number in a Tensor slot (x / 2.0)

@@ -9,7 +9,8 @@ import torch
 
 from tpu_kernels.dispatch import cache
 from tpu_kernels.dispatch.meta import meta_call
-from tpu_kernels.dispatch.signature import device_error, freeze
+from tpu_kernels.dispatch.devices import device_error
+from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.tensor import TpuTensor, value, wrap
 
 aten = torch.ops.aten

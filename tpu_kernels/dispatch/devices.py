@@ -1,0 +1,63 @@
+"""CPU tensors in a tpu op's arguments: which ones torch lets a CUDA op take, and the
+error for the rest. The one rule; the dispatcher asks it only when it meets a CPU tensor.
+
+torch's rules for an accelerator tensor's op (as its CUDA kernels and FakeTensor's device
+propagation apply them):
+
+- a 0-dim CPU tensor mixes as a scalar in any op (``x + torch.tensor(2.)``,
+  ``x.masked_fill(m, torch.tensor(0.))``, ``index_put_`` of a 0-dim value), except the
+  ops that refuse it on CUDA too (``nextafter``);
+- the index tensors of advanced indexing may be CPU tensors of any shape
+  (``x[cpu_idx]``, ``x[cpu_idx] = v``: ``aten.index.Tensor`` and the ``index_put``
+  family); they are copied to the device;
+- a ``_foreach_*`` op's ``scalars`` is a CPU tensor list by its contract;
+- any other CPU tensor (``index_select``/``gather`` indices, a CPU operand of ``mm`` or a
+  non-0-dim ``add``) raises torch's "Expected all tensors to be on the same device".
+
+``tensor_split``'s tensor ``indices_or_sections`` is a CPU tensor by its own contract
+(torch raises for a device tensor); its CompositeImplicit kernel reads it before any tpu
+op sees it, so no rule is needed here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# advanced indexing: the `indices` argument may live on the CPU
+INDEX_OPS = frozenset({
+    aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default,
+    aten._unsafe_index_put.default, aten._index_put_impl_.default,
+})
+# ops whose CUDA kernels refuse a 0-dim CPU tensor (FakeTensor's bypass list)
+NO_CPU_SCALAR = frozenset({aten.nextafter.default})
+
+
+def cpu_arg_allowed(op: Any, name: str, t: torch.Tensor) -> bool:
+    """Whether torch lets ``op`` on an accelerator take the CPU tensor ``t`` as its
+    argument ``name`` (see the module docstring)."""
+    if t.device.type != "cpu":
+        return False
+    if name == "indices" and op in INDEX_OPS:
+        return True
+    if name == "scalars":
+        return True
+    return t.dim() == 0 and op not in NO_CPU_SCALAR
+
+
+def device_error(op: Any, t: torch.Tensor) -> RuntimeError:
+    """torch's error for a tensor on another device."""
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:0 and {t.device}! (when checking arguments for {op})")
+
+
+def meta_of_cpu(t: torch.Tensor) -> torch.Tensor:
+    """What torch's meta functions see for an accepted CPU tensor. A 0-dim scalar becomes
+    a meta tensor, as on CUDA it is used on the device (``masked_fill``'s ref checks that
+    ``value`` is on ``a``'s device or is a CPU scalar beside a CUDA ``a``; a meta ``a`` is
+    neither). Index tensors and a foreach ``scalars`` list stay on the CPU, as torch's
+    meta functions (and FakeTensor) take them."""
+    return t.to("meta") if t.dim() == 0 else t

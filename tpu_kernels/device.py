@@ -10,7 +10,6 @@ factories' PrivateUse1 kernels are the dispatcher's (``dispatch/factories.py``).
 from __future__ import annotations
 
 import functools
-import glob
 import os
 import types
 from typing import Any, Callable, NamedTuple
@@ -128,17 +127,6 @@ def _keep_ties_when_moving_modules() -> None:
     torch.nn.Module.tpu.__doc__ = tpu.__doc__
 
 
-def _cpu_unless_a_tpu_is_attached() -> None:
-    """Without a TPU, JAX would still try libtpu first (installed for compile-only AOT),
-    printing libtpu's warnings and waiting up to a minute; a TPU host has /dev/accel* or
-    /dev/vfio devices. ``JAX_PLATFORMS`` set by the user is left alone."""
-    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
-        return
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return
-    jax.config.update("jax_platforms", "cpu")
-
-
 _done = False
 
 
@@ -149,7 +137,6 @@ def setup() -> None:
         return
     _done = True
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
-    _cpu_unless_a_tpu_is_attached()
     _persistent_compile_cache()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     _keep_ties_when_moving_modules()

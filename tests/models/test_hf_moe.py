@@ -51,11 +51,7 @@ CASES = [
                                       num_sparse_decoder_layers=1, num_heads=NH, num_experts=4,
                                       expert_capacity=B * S, dropout_rate=0.0, router_jitter_noise=0.0,
                                       decoder_start_token_id=0, relative_attention_num_buckets=8),
-         seq2seq,
-         xfail_forward="the router indexes its experts with f'expert_{idx}' of a 0-dim tpu tensor: "
-                       "TpuTensor lacks torch.Tensor.__format__'s 0-dim rule (KeyError)",
-         xfail_train="the router indexes its experts with f'expert_{idx}' of a 0-dim tpu tensor: "
-                     "TpuTensor lacks torch.Tensor.__format__'s 0-dim rule (KeyError)"),
+         seq2seq),
 ]
 
 

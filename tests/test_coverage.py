@@ -220,3 +220,34 @@ def test_export_check_compiles_for_each_chip(tmp_path):
     coverage.main(args)                                   # no compile: the cached column
     [row] = json.loads(out.read_text())["rows"]
     assert row["export"] == "v5e ok v6e ok v7x ok"
+
+
+@torch.library.custom_op("coverage_test::cpu_only", mutates_args=())
+def _cpu_only(x: torch.Tensor) -> torch.Tensor:
+    """An op with a CPU kernel and no tpu impl (what a model may need that tpu lacks)."""
+    return x * 2
+
+
+_cpu_only.register_autograd(lambda ctx, grad: grad * 2)
+
+
+class _NeedsCpuOnly(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return _cpu_only(self.lin(x)) * scale
+
+
+def make_model_with_missing_op():
+    """A ``MODULE:FACTORY`` target with keyword inputs and an op no tpu impl runs."""
+    return _NeedsCpuOnly(), {"x": torch.randn(2, 4), "scale": 0.5}
+
+
+def test_model_cli_names_missing_ops():
+    lines: list[str] = []
+    coverage.main(["--model", "test_coverage:make_model_with_missing_op", "--format", "json"], out=lines.append)
+    rep = json.loads("\n".join(lines))
+    assert rep["missing"] == ["coverage_test.cpu_only.default"], rep["missing"]
+    assert "aten.addmm.default" in {r["op"] for r in rep["ops"]}

@@ -96,3 +96,11 @@ def test_pickle_roundtrip():
     t = torch.arange(4.0).to("tpu")
     u = pickle.loads(pickle.dumps(t))
     assert u.device.type == "tpu" and torch.equal(u.cpu(), t.cpu())
+
+
+def test_format_of_0dim_tensor_is_its_number():
+    # f"expert_{idx}" (routers keying modules by an index tensor) formats like a CUDA tensor
+    idx, x = torch.tensor(3), torch.tensor(2.5)
+    assert f"expert_{idx.to('tpu')}" == f"expert_{idx}" == "expert_3"
+    assert f"{x.to('tpu'):.2f}" == f"{x:.2f}"
+    assert f"{torch.ones(2).to('tpu')}" == str(torch.ones(2).to("tpu"))

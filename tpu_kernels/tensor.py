@@ -143,6 +143,14 @@ class TpuTensor(torch.Tensor):
 
     __str__ = __repr__
 
+    def __format__(self, spec: str) -> str:
+        # torch.Tensor.__format__ formats a 0-dim tensor as its number only when its type is
+        # exactly Tensor (so f"expert_{idx}" of a 0-dim CUDA tensor is "expert_3"); the same
+        # rule for the tpu subclass
+        if self.dim() == 0 and self._tpu_storage is not None:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
     def __reduce_ex__(self, proto):
         """Pickled as (storage, geometry): views of one storage share it again when loaded
         (pickle keeps one copy of the storage); see ``serialization.py`` for map_location."""

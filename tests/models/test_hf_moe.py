@@ -45,17 +45,13 @@ CASES = [
     Case("phimoe", lm(tf.PhimoeForCausalLM, tf.PhimoeConfig, num_local_experts=4, num_experts_per_tok=2,
                       **LLAMA_LIKE), ids),
     # encoder-decoder with a top-1 router per sparse layer
-    Case("switch_transformers", build(tf.SwitchTransformersForConditionalGeneration, tf.SwitchTransformersConfig,
+    Case("switch_transformers", build(tf.SwitchTransformersForConditionalGeneration, tf.SwitchTransformersConfig, attn=None,
                                       vocab_size=V, d_model=H, d_kv=8, d_ff=I, num_layers=2,
                                       num_decoder_layers=2, num_sparse_encoder_layers=1,
                                       num_sparse_decoder_layers=1, num_heads=NH, num_experts=4,
                                       expert_capacity=B * S, dropout_rate=0.0, router_jitter_noise=0.0,
                                       decoder_start_token_id=0, relative_attention_num_buckets=8),
-         seq2seq,
-         xfail_forward="the router indexes its experts with f'expert_{idx}' of a 0-dim tpu tensor: "
-                       "TpuTensor lacks torch.Tensor.__format__'s 0-dim rule (KeyError)",
-         xfail_train="the router indexes its experts with f'expert_{idx}' of a 0-dim tpu tensor: "
-                     "TpuTensor lacks torch.Tensor.__format__'s 0-dim rule (KeyError)"),
+         seq2seq),
 ]
 
 

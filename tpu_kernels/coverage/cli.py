@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "compiler (libtpu; with --op, only those ops); records .tpu_kernels/export.json")
     p.add_argument("--results", default=RESULTS_DIR, metavar="DIR", help="results directory (.tpu_kernels)")
     p.add_argument("--model", metavar="MODULE:FACTORY",
-                   help="trace a model: FACTORY() returns (model, example_inputs); lists the ops it needs")
+                   help="trace a model: FACTORY() returns (model, example_inputs), the inputs a tuple "
+                        "or a dict of keyword arguments; lists the ops it needs and those no tpu impl runs")
 
 
 def main(argv: list[str] | None = None, out=None) -> int:
@@ -46,15 +47,17 @@ def _load_model(spec: str):
     if not (isinstance(made, tuple) and len(made) == 2):
         raise SystemExit("coverage --model: FACTORY() must return (model, example_inputs)")
     model, inputs = made
-    return model, inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    if isinstance(inputs, dict):   # keyword inputs (a transformers model's batch)
+        return model, (), inputs
+    return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,), {}
 
 
 def main_args(a: argparse.Namespace, out=None) -> int:
     write = out or (lambda s: print(s))
     if a.model:
-        model, inputs = _load_model(a.model)
+        model, inputs, kw_inputs = _load_model(a.model)
         print(f"coverage: tracing {a.model} on CPU (forward + backward)...", file=sys.stderr)
-        rep = model_ops(model, *inputs)
+        rep = model_ops(model, *inputs, **kw_inputs)
         text = json.dumps(rep, indent=1, default=str) if a.format == "json" else format_model_report(rep)
         _emit(text, a.output, write)
         return 0

@@ -2,12 +2,15 @@
 
     from tpu_kernels import coverage
     report = coverage.model_ops(model, tokens)          # forward + backward, traced on CPU
-    for row in report["ops"]: print(row["op"], row["covered"], row["by"])
+    report = coverage.model_ops(hf_model, **batch)      # keyword inputs (transformers models)
+    report["missing"]                                   # the ops it needs that no tpu impl runs
 
 The model runs once on the CPU (or the meta device) under a ``TorchDispatchMode`` that
 records every ATen overload that reaches the dispatcher, forward and backward; each
 recorded op is then classified against the live registry (``coverage.classify``) and the
-route is asked which impl runs for the recorded arguments.
+route is asked which impl runs for the recorded arguments. An op is missing when
+nothing runs it on tpu: the route refuses it (no impl, twin or decomposition), or every
+impl refuses the model's arguments (the row's ``note`` gives each impl's reason).
 """
 from __future__ import annotations
 
@@ -59,11 +62,12 @@ def _loss_of(out: Any) -> torch.Tensor | None:
     return sum(t.float().sum() for t in leaves)
 
 
-def trace(model: Any, *example_inputs: Any, backward: bool = True) -> OpRecorder:
-    """Run ``model(*example_inputs)`` (and backward of the sum of its float outputs) recording ops."""
+def trace(model: Any, *example_inputs: Any, backward: bool = True, **example_kwargs: Any) -> OpRecorder:
+    """Run ``model(*example_inputs, **example_kwargs)`` (and backward of the sum of its
+    float outputs) recording ops."""
     rec = OpRecorder()
     with rec:
-        out = model(*example_inputs)
+        out = model(*example_inputs, **example_kwargs)
     if backward:
         loss = _loss_of(out)
         if loss is not None:
@@ -73,11 +77,12 @@ def trace(model: Any, *example_inputs: Any, backward: bool = True) -> OpRecorder
     return rec
 
 
-def model_ops(model: Any, *example_inputs: Any, backward: bool = True) -> dict:
-    """The ATen ops ``model`` needs on ``example_inputs`` (forward, and backward when the
+def model_ops(model: Any, *example_inputs: Any, backward: bool = True, **example_kwargs: Any) -> dict:
+    """The ATen ops ``model`` needs on its example inputs (forward, and backward when the
     output requires grad), each with: tier in the target list, covered or not, the impl
-    kinds it has, and the impl the registry picks for the recorded arguments."""
-    rec = trace(model, *example_inputs, backward=backward)
+    kinds it has, and the impl the registry picks for the recorded arguments.
+    ``missing`` names the ops no tpu impl runs for these inputs."""
+    rec = trace(model, *example_inputs, backward=backward, **example_kwargs)
     targets = {t["op"]: t for t in load_targets()}
     phases: dict[Any, list[str]] = {}
     calls: dict[Any, int] = {}
@@ -92,12 +97,9 @@ def model_ops(model: Any, *example_inputs: Any, backward: bool = True) -> dict:
         info = classify(op)
         pick = "n/a"
         if op in rec.first_args and info["best"] not in ("none", "runtime"):
-            args, kwargs = rec.first_args[op]
-            try:
-                impl = route(op, args, kwargs).impl
-                pick = f"{impl.kind}:{impl.name}" if impl is not None else info["best"]
-            except Exception as exc:  # noqa: BLE001
-                pick = f"n/a ({type(exc).__name__})"
+            pick, refused = _pick(op, *rec.first_args[op], info["best"])
+            if refused:   # every impl refuses the model's arguments: nothing runs it
+                info = dict(info, covered=False, note=refused)
         elif info["best"] == "runtime":
             pick = "runtime"
         t = targets.get(name)
@@ -108,6 +110,19 @@ def model_ops(model: Any, *example_inputs: Any, backward: bool = True) -> dict:
     covered = sum(r["covered"] for r in rows)
     return {"model": type(model).__name__, "ops": rows, "total": len(rows), "covered": covered,
             "missing": [r["op"] for r in rows if not r["covered"]]}
+
+
+def _pick(op: Any, args: tuple, kwargs: dict, best: str) -> tuple[str, str]:
+    """The impl the route picks for the recorded arguments, and (when it refuses them)
+    why each impl refused."""
+    try:
+        r = route(op, args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - a supports() that breaks on meta arguments
+        return f"n/a ({type(exc).__name__})", ""
+    if r.kind == "refused":
+        why = "; ".join(f"{i.kind}:{i.name}: {reason}" for i, reason in r.skipped)
+        return "none", f"every impl refuses the model's arguments ({why})"
+    return (f"{r.impl.kind}:{r.impl.name}" if r.impl is not None else best), ""
 
 
 def format_model_report(rep: dict) -> str:

@@ -103,7 +103,7 @@ def main() -> None:
         if single is not None:
             rows.append((f"{name} (GPT, {PER_RANK}/rank)", t, f"1 process {single * 1e3:.2f} ms", t / single))
     if dist.get_rank() == 0:
-        print(f"{k} processes, {dist.get_rank()} prints; median of {args.iters} calls")
+        print(f"{k} processes; median of {args.iters} calls (rank 0)")
         for name, t, ref, ratio in rows:
             print(f"{name:28s} tpu {t * 1e3:9.2f} ms   {ref:24s} ratio {ratio:6.2f}")
     dist.destroy_process_group()

@@ -1,5 +1,6 @@
-"""A peer that is late or dies makes the others fail with an error naming the collective,
-within a timeout, instead of hanging (two processes launched directly, 127.0.0.1)."""
+"""A peer that dies mid-collective makes the others fail with an error naming the
+collective, within seconds, instead of hanging (two processes launched directly,
+127.0.0.1)."""
 from __future__ import annotations
 
 import os
@@ -13,12 +14,12 @@ from tpu_kernels.distributed import launch
 SCRIPT = pathlib.Path(__file__).resolve().parent / "peer_failure.py"
 
 
-def _launch(mode: str) -> tuple[dict[str, str], str, float]:
+def _launch() -> tuple[dict[str, str], str, float]:
     """Rank 0's events, its output, and the seconds both processes ran."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(launch.free_port()), "WORLD_SIZE": "2",
            "TPU_KERNELS_DIST_HEARTBEAT_S": "10"}
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), mode], env={**env, "RANK": str(r)},
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT)], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(2)]
     start = time.monotonic()
@@ -37,19 +38,9 @@ def _seconds(event: str) -> float:
 
 
 def test_peer_dying_mid_collective_raises_at_once():
-    events, out, _ = _launch("dead")
+    events, out, _ = _launch()
     dead = events.get("dead-peer", "")
     assert "failed" in dead and "all_reduce" in dead and "no-error" not in dead, out
     # rank 1 dies 3 s into rank 0's all_reduce; its closed socket ends the wait, long
     # before the group's 60 s timeout
     assert _seconds(dead) < 20, dead
-
-
-def test_late_peer_times_out_and_the_group_refuses_further_collectives():
-    events, out, _ = _launch("late")
-    late = events.get("late-peer", "")
-    assert "timed out after 3 s" in late and "all_reduce" in late, out
-    assert 2.5 < _seconds(late) < 10, late
-    after = events.get("after-timeout", "")
-    assert "not started" in after and "timed out" in after, out
-    assert _seconds(after) < 1, after

@@ -1,10 +1,4 @@
-"""Running tpu collectives with a deadline, their handles, and errors that name them.
-
-``run`` starts a collective's program on one daemon thread (collectives keep their
-order) and waits at most the group's timeout for it to be dispatched: JAX's CPU
-collectives (gloo) block inside the call until every peer joins, and a peer that never
-joins must not hang the caller. After a timeout the collective is still pending on that
-thread, so the process group cannot be used again: later collectives raise at once.
+"""Running tpu collectives, their handles, and errors that name them.
 
 A collective's results are JAX arrays still being computed; later tpu ops on them are
 ordered by data dependence, so nothing needs to wait for correctness. ``wait()`` blocks
@@ -17,12 +11,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
-import queue
 import re
-import threading
 import time
-from concurrent.futures import Future
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jax
 import torch
@@ -63,45 +54,11 @@ def failures(name: str, group: Group) -> Iterator[None]:
             f"crashed; see its log for the first error") from exc
 
 
-class _Runner(threading.Thread):
-    """The daemon thread collectives are started on (daemon: one stuck in a dead peer's
-    collective must not keep the process from exiting)."""
-
-    def __init__(self) -> None:
-        super().__init__(name="tpu-collectives", daemon=True)
-        self.jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]]]" = queue.SimpleQueue()
-        self.stuck: str | None = None     # the collective that timed out, if one did
-
-    def run(self) -> None:
-        while True:
-            future, job = self.jobs.get()
-            try:
-                future.set_result(job())
-            except BaseException as exc:   # handed to the waiting caller
-                future.set_exception(exc)
-
-
-_RUNNER = _Runner()
-
-
 def run(name: str, group: Group, kind: str, *arrays: Any, **params: Any) -> Any:
-    """``programs.run(kind, group.ranks, *arrays, **params)``, started within the group's
-    timeout or raising ``CollectiveError`` (see the module docstring)."""
-    if _RUNNER.stuck:
-        raise CollectiveError(
-            f"{_describe(name, group)} not started: the earlier {_RUNNER.stuck} timed out and "
-            f"still waits for its peers, so this process's collectives cannot run in order any "
-            f"more. Destroy the process group and restart the job (torchrun --max-restarts)")
-    if not _RUNNER.is_alive():
-        _RUNNER.start()
-    future: Future = Future()
-    _RUNNER.jobs.put((future, lambda: programs.run(kind, group.ranks, *arrays, **params)))
+    """``programs.run(kind, group.ranks, *arrays, **params)``, its failures raised as
+    ``CollectiveError`` naming the collective."""
     with failures(name, group):
-        try:
-            return future.result(timeout=group.timeout)
-        except TimeoutError:
-            _RUNNER.stuck = f"{name} over ranks {list(group.ranks)}"
-            raise CollectiveError(_timed_out(name, group, group.timeout)) from None
+        return programs.run(kind, group.ranks, *arrays, **params)
 
 
 def _timed_out(name: str, group: Group, seconds: float) -> str:

@@ -13,10 +13,12 @@ are watched like eager's.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -103,7 +105,9 @@ class GraphProgram:
         statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(g for _, g in sources))
         taken = self.n_random
-        key = random_state.reserve(taken)
+        # a graph without random ops (known once traced) takes one resident key: no
+        # counters to reserve, nothing to move to the device per call
+        key = random_state.reserve(taken) if taken or not self.traces else _no_key()
         storages, flags = self._jitted(statics, key, *tensors)
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
@@ -262,6 +266,11 @@ def _host(t: torch.Tensor) -> TpuTensor:
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return wrap(to_jax(t), t.dtype)
     return wrap(t.detach().numpy(), t.dtype)
+
+
+@functools.cache
+def _no_key() -> jax.Array:
+    return jax.device_put(np.zeros(3, np.uint32))
 
 
 def settings() -> tuple:

@@ -369,3 +369,16 @@ def check_train_step(case: Case) -> None:
         head = "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
         pytest.fail(f"{case.name} training step differs from CPU ({len(problems)} tensors):\n{head}\n"
                     f"{localise(case, True, F32)}", pytrace=False)
+
+
+def suite_tests(cases: list[Case]) -> tuple[Callable, Callable]:
+    """A model file's two tests over its ``cases``: ``test_forward, test_train_step =
+    suite_tests(CASES)`` (pytest collects them by those names)."""
+    @pytest.mark.parametrize("case", [c.params("forward") for c in cases])
+    def test_forward(case):
+        check_forward(case)
+
+    @pytest.mark.parametrize("case", [c.params("train") for c in cases])
+    def test_train_step(case):
+        check_train_step(case)
+    return test_forward, test_train_step

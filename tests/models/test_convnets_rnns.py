@@ -2,12 +2,11 @@
 on tpu vs CPU."""
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 
 B, C = 2, 3
 
@@ -145,11 +144,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

@@ -2,11 +2,10 @@
 encoders over raw waveforms, and spectrogram encoders and encoder-decoders."""
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import AUDIO_CONV, B, H, I, L, NH, V, audio, build
 
 _ENCODER = dict(vocab_size=16, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
@@ -50,11 +49,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

@@ -1,10 +1,9 @@
 """transformers decoder-only language models, tiny and randomly initialised, on tpu vs CPU."""
 from __future__ import annotations
 
-import pytest
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import H, I, L, LLAMA_LIKE as _llama_like, NH, ids as _ids, lm as _lm, long_ids as _long_ids
 
 CASES = [
@@ -77,11 +76,4 @@ CASES += [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

@@ -2,11 +2,10 @@
 randomly initialised, on tpu vs CPU."""
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import (AUDIO_CONV, BART_LIKE, BERT_LIKE as _bert, B, H, I, L, NH, S, V, VIT_LIKE, audio as _audio,
                   build as _build, ids as _ids, image as _image, image_text as _clip, masked_ids as _masked_ids,
                   seq2seq as _seq2seq)
@@ -79,11 +78,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

@@ -2,10 +2,9 @@
 (transformers, tiny, random weights, their pure-torch paths) on tpu vs CPU."""
 from __future__ import annotations
 
-import pytest
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import H, I, KV, L, LLAMA_LIKE, NH, ids, lm
 
 CASES = [
@@ -41,11 +40,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

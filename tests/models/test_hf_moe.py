@@ -13,10 +13,9 @@ What they exercise beyond the dense decoders:
 """
 from __future__ import annotations
 
-import pytest
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import B, H, I, LLAMA_LIKE, NH, S, V, build, ids, lm, seq2seq
 
 # MLA: q/k head size 8 + 4 = 12, value head size 16; every head has its own key and value
@@ -55,11 +54,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

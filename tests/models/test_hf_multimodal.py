@@ -3,11 +3,10 @@ image-text encoders, a fused vision-language transformer and a LLaVA-style model
 splices image features into a language model's token sequence."""
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import B, BERT_LIKE, H, I, L, LLAMA_LIKE, NH, S, V, build, image_text
 
 _TEXT = dict(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
@@ -57,11 +56,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

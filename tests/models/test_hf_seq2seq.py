@@ -2,10 +2,9 @@
 BART and Whisper are in test_hf_encoders.py."""
 from __future__ import annotations
 
-import pytest
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import BART_LIKE, H, I, L, NH, V, build, seq2seq
 
 CASES = [
@@ -20,11 +19,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

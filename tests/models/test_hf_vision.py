@@ -2,11 +2,10 @@
 CPU: ViT variants, convolutional networks, segmentation, DETR-style detection and SAM."""
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers as tf
 
-from model_harness import Case, check_forward, check_train_step
+from model_harness import Case, suite_tests
 from tiny import F32_DRIFT, B, H, I, L, NH, NO_DROPOUT, VIT_LIKE, build, image, pixels
 
 _CNN = dict(num_labels=4)
@@ -95,11 +94,4 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", [c.params("forward") for c in CASES])
-def test_forward(case):
-    check_forward(case)
-
-
-@pytest.mark.parametrize("case", [c.params("train") for c in CASES])
-def test_train_step(case):
-    check_train_step(case)
+test_forward, test_train_step = suite_tests(CASES)

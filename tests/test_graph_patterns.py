@@ -47,7 +47,8 @@ def _targets(n: int) -> set[str]:
     return {str(node.target) for p in compile_backend.PROGRAMS[n:] for node in p.gm.graph.nodes}
 
 
-def test_patterns_are_rewritten_and_match_cpu():
+def test_patterns_are_rewritten_and_match_cpu(monkeypatch):
+    monkeypatch.setenv("TPU_KERNELS_GRAPH_PATTERNS", "1")     # opt-in (see graph_patterns)
     cpu = [a.clone().requires_grad_() for a in _args()]
     tpu = [a.to("tpu").requires_grad_() for a in _args()]
     before, n = dict(graph_patterns.REWRITES), len(compile_backend.PROGRAMS)
@@ -68,6 +69,7 @@ def test_patterns_are_rewritten_and_match_cpu():
 
 
 def test_the_pass_leaves_other_graphs_alone(monkeypatch):
+    monkeypatch.setenv("TPU_KERNELS_GRAPH_PATTERNS", "1")
     def f(x, y):            # a square that is not a norm, a silu used twice
         s = F.silu(x)
         return (x.pow(2).mean(-1, keepdim=True) * s + s * y).sum()

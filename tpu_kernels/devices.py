@@ -73,6 +73,8 @@ def index_of_array(array: Any) -> int:
     there is one device or the array is not placed yet)."""
     if device_count() == 1:
         return 0
+    if isinstance(array, jax.core.Tracer):   # traced inside a jitted program: no placement yet
+        return current_device()
     devices = getattr(array, "devices", None)
     if devices is None:
         return 0

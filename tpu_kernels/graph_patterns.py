@@ -13,7 +13,9 @@ RMSNorm is matched in the Hugging Face spellings (``pow(2)``, ``x * x`` or ``squ
 written, as does the weight's multiply: Gemma's ``(1 + w)`` too). Each rewrite keeps the
 graph's values: the replaced nodes have no other users, and the ops compute what the
 pattern computes. ``REWRITES`` counts what was rewritten in this process;
-``TPU_KERNELS_GRAPH_PATTERNS=0`` turns the pass off.
+The pass is opt-in (``TPU_KERNELS_GRAPH_PATTERNS=1``): on merged main a compiled Llama
+``generate()`` gave tokens different from CPU greedy decoding with it on and equal ones
+with it off, so some rewrite is not exact yet (tests/serving/test_compiled_generate.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ REWRITES: collections.Counter = collections.Counter()
 
 def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """Rewrite the patterns above in ``gm`` (in place) and return it."""
-    if os.environ.get("TPU_KERNELS_GRAPH_PATTERNS", "1") in ("", "0"):
+    if os.environ.get("TPU_KERNELS_GRAPH_PATTERNS", "0") in ("", "0"):
         return gm
     changed = 0
     for name, rule in _RULES:

@@ -37,7 +37,8 @@ class Storage:
         self.placement = None   # a sharding every write keeps (``place``), else None
 
     def __del__(self) -> None:
-        memory.free(self.index, self.nbytes)
+        if hasattr(self, "nbytes"):   # a storage whose __init__ did not finish counted nothing
+            memory.free(self.index, self.nbytes)
 
     def __reduce__(self):
         """Pickled as a host copy and its location ("tpu:0"); ``rebuild_storage`` restores it."""

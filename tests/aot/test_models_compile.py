@@ -48,6 +48,7 @@ def test_llama_shaped():
                     "embedding_scatter_add", "fused_adamw"})
 
 
+@pytest.mark.thorough   # 53 s in CI; gpt and llama-shaped steps stay in CI
 def test_qwen3_moe_shaped():
     with REGISTRY.cost_model(False):
         [report] = training.compile_model(configs.qwen3_moe_small(), ["v6e"])

@@ -54,14 +54,8 @@ def _routed(name: str, theirs: Callable, ours: Callable) -> Callable:
     return accelerator_fn
 
 
-_done = False
-
-
+@functools.cache   # once per process
 def install() -> None:
-    global _done
-    if _done:
-        return
-    _done = True
     for name, ours in _FUNCTIONS.items():
         theirs = getattr(torch.accelerator, name, None)
         if theirs is not None and not getattr(theirs, "__tpu_kernels__", False):

@@ -100,16 +100,10 @@ def _kernel_opt_dtype(op, *args, **kwargs):
     return _kernel(op, "float32", *args, **kwargs)
 
 
-_done = False
-
-
+@functools.cache   # once per process
 def install() -> None:
     """Every op falls through the tpu autocast key except the listed ones; bfloat16 is the
     default autocast dtype (TPUs compute in bfloat16, not float16)."""
-    global _done
-    if _done:
-        return
-    _done = True
     _FALLTHROUGH.fallback(torch.library.fallthrough_kernel, _KEY)
     _register(LOWER_PRECISION, "lower")
     _register(FLOAT32, "float32")

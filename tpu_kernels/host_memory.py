@@ -9,6 +9,8 @@ the call, as CUDA guarantees for pinned sources.
 """
 from __future__ import annotations
 
+import functools
+
 import threading
 import weakref
 
@@ -41,15 +43,9 @@ def _is_pinned(self: torch.Tensor, device=None) -> bool:
     return self.untyped_storage().data_ptr() in _pinned if self.numel() else False
 
 
-_done = False
-
-
+@functools.cache   # once per process
 def install() -> None:
     """CPU kernels of ``_pin_memory`` and ``is_pinned`` (torch asks the accelerator's
     pinned allocator, which a Python backend cannot provide)."""
-    global _done
-    if _done:
-        return
-    _done = True
     _LIB.impl("_pin_memory", _pin_memory, "CPU")
     _LIB.impl("is_pinned", _is_pinned, "CPU")

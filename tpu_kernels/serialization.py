@@ -106,14 +106,8 @@ def _host_restore(storage, location):
         return storage
 
 
-_done = False
-
-
+@functools.cache   # once per process
 def install() -> None:
-    global _done
-    if _done:
-        return
-    _done = True
     torch.serialization.add_safe_globals([rebuild_tensor, rebuild_storage])
     torch.serialization.register_package(19, lambda obj: None, _host_restore)   # before torch's privateuse1 entry (23)
     if not getattr(torch.load, "__wrapped_by_tpu_kernels__", False):

@@ -60,6 +60,23 @@ def api() -> None:
     torch.testing.assert_close(z.cpu(), ((x_cpu + 1) * x_cpu).exp().mean(1), rtol=1e-5, atol=1e-5)
 
 
+def many_in_flight() -> None:
+    """Thousands of sharded programs queued without a read in between finish: on the CPU
+    backend about 100 in flight at once deadlock in XLA's collective rendezvous, which
+    ``tpu_kernels.inflight`` bounds (without it the raw loop below aborts the process)."""
+    from tpu_kernels import inflight
+    mesh = spmd.Mesh((8,), ("fsdp",))       # several CPU devices: the bound is on
+    sharded = mesh.sharding(("fsdp", None))
+    f = jax.jit(lambda a, k: (a * k).sum(0), out_shardings=mesh.sharding(()))
+    a = jax.device_put(jax.numpy.ones((64, 256)), sharded)
+    outs = [inflight.track(f(a, float(k))) for k in range(4000)]   # as fast as jax queues
+    assert float(outs[-1][0]) == 64 * 3999
+    x_cpu = torch.randn(64, 32)
+    x = spmd.mark_sharding(x_cpu.to("tpu"), mesh, ("fsdp", None))
+    ys = [(x * k).sum(0) for k in range(500)]   # the eager path, each an all-reduce
+    torch.testing.assert_close(ys[-1].cpu(), (x_cpu * 499).sum(0), rtol=1e-4, atol=1e-3)
+
+
 def _check_sharded(model: nn.Module, mesh: spmd.Mesh, opt_state_of: dict | None = None) -> None:
     """Every parameter (and its AdamW moments) sharded as placed: each device holds
     1/shards of it."""

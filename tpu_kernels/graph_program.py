@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tpu_kernels import dispatch, errors, random_state, shadow, strided
+from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
@@ -108,7 +108,7 @@ class GraphProgram:
         # a graph without random ops (known once traced) takes one resident key: no
         # counters to reserve, nothing to move to the device per call
         key = random_state.reserve(taken) if taken or not self.traces else _no_key()
-        storages, flags = self._jitted(statics, key, *tensors)
+        storages, flags = inflight.track(self._jitted(statics, key, *tensors))
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
         for f, (op, checks) in zip(flags, self._checks[statics]):

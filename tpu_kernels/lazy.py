@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from tpu_kernels import inflight
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
@@ -149,7 +150,7 @@ def apply(fn: Callable, *args: Any) -> Any:
     into the program that uses it), else run now."""
     if recording():
         return record(fn, *args)
-    return fn(*(concrete(a) if type(a) is Lazy else a for a in args))
+    return inflight.track(fn(*(concrete(a) if type(a) is Lazy else a for a in args)))
 
 
 def concrete(v: Any) -> Any:
@@ -175,7 +176,7 @@ def flush() -> None:
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
         _STATE.compiles += 1
-    values = run(*prog.inputs)
+    values = inflight.track(run(*prog.inputs))
     for lz, val in zip(live, values):
         lz.value = val
     _STATE.flushes += 1

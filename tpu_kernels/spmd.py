@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from tpu_kernels import inflight
 from tpu_kernels.storage import place
 from tpu_kernels.tensor import TpuTensor, value
 
@@ -52,6 +53,7 @@ class Mesh:
                 f"Mesh{shape} needs {n} devices, JAX has {len(devices)}; on a CPU host set "
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before jax starts")
         self.jax = jax.sharding.Mesh(np.array(devices[:n]).reshape(shape), axis_names)
+        inflight.watch(devices[:n])
 
     @property
     def shape(self) -> dict[str, int]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import errors, lazy, random_state
+from tpu_kernels import errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, mode_token
@@ -100,7 +100,7 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
         return compiled.fn(*[lazy.concrete(d) for d in dyn])
     try:
-        out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else compiled.fn(*dyn)
+        out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else inflight.track(compiled.fn(*dyn))
     except Exception as exc:
         err = _torch_error(op, args, kwargs, exc)
         if err is exc:

@@ -13,7 +13,7 @@ from tpu_kernels import bench, helion_kernels, pallas, registry
 LAYERS = [
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
     ("registry", ("tpu_kernels.registry",)),
-    ("base", ("tpu_kernels.platform", "tpu_kernels.lru", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
+    ("base", ("tpu_kernels.platform", "tpu_kernels.lru", "tpu_kernels.inflight", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
               "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.device")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.strided", "tpu_kernels.storage")),
     ("tensor", ("tpu_kernels.shadow", "tpu_kernels.printing", "tpu_kernels.tensor")),

@@ -12,10 +12,10 @@ RMSNorm is matched in the Hugging Face spellings (``pow(2)``, ``x * x`` or ``squ
 ``rsqrt`` or ``1 / sqrt``; with or without the float32 upcast around it, which stays as
 written, as does the weight's multiply: Gemma's ``(1 + w)`` too). Each rewrite keeps the
 graph's values: the replaced nodes have no other users, and the ops compute what the
-pattern computes. ``REWRITES`` counts what was rewritten in this process;
-The pass is opt-in (``TPU_KERNELS_GRAPH_PATTERNS=1``): on merged main a compiled Llama
-``generate()`` gave tokens different from CPU greedy decoding with it on and equal ones
-with it off, so some rewrite is not exact yet (tests/serving/test_compiled_generate.py).
+pattern computes. Only the nodes a rewrite left unused are erased (FX's own dead-code pass
+counts every ``call_method`` as pure, so it would drop the in-place ``index_copy_`` of a
+static KV cache, whose result nobody reads). ``REWRITES`` counts what was rewritten in
+this process. The pass is on by default; ``TPU_KERNELS_GRAPH_PATTERNS=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -33,18 +33,42 @@ REWRITES: collections.Counter = collections.Counter()
 
 def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     """Rewrite the patterns above in ``gm`` (in place) and return it."""
-    if os.environ.get("TPU_KERNELS_GRAPH_PATTERNS", "0") in ("", "0"):
+    if not enabled():
         return gm
-    changed = 0
+    replaced: list[fx.Node] = []
     for name, rule in _RULES:
         for node in list(gm.graph.nodes):
-            if node.graph is gm.graph and rule(gm.graph, node):
+            done = rule(gm.graph, node)
+            if done:
                 REWRITES[name] += 1
-                changed += 1
-    if changed:
-        gm.graph.eliminate_dead_code()
+                replaced.extend(done)
+    if replaced:
+        for node in replaced:
+            _erase_unused(gm.graph, node)
         gm.recompile()
     return gm
+
+
+def enabled() -> bool:
+    """The pass runs unless ``TPU_KERNELS_GRAPH_PATTERNS`` is ``0`` (or empty)."""
+    return os.environ.get("TPU_KERNELS_GRAPH_PATTERNS", "1") not in ("", "0")
+
+
+def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
+    """Erase ``node`` and the inputs it alone used, back to anything impure or in place."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op not in ("call_function", "call_method") or n.is_impure() or _in_place(n):
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        stack.extend(i for i in inputs if i not in stack)
+
+
+def _in_place(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 # -- matching helpers ------------------------------------------------------------------------
@@ -114,9 +138,9 @@ def _inv_rms(node: Any) -> tuple[Any, float] | None:
     return (x, inner.args[1]) if x is not None else None
 
 
-def _rms_norm(graph: fx.Graph, node: fx.Node) -> bool:
+def _rms_norm(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     if not _is(node, *_MUL) or node.kwargs:
-        return False
+        return []
     a, b = _operands(node)
     for x, inv in ((a, b), (b, a)):
         found = _inv_rms(inv) if _only_user(inv, node) else None
@@ -124,20 +148,20 @@ def _rms_norm(graph: fx.Graph, node: fx.Node) -> bool:
             continue
         shape = _shape(x)
         if shape is None or not shape:
-            return False
+            return []
         with graph.inserting_before(node):
             fused = graph.call_function(torch.ops.aten._fused_rms_norm.default, (x, [shape[-1]], None, found[1]))
             out = graph.call_function(operator.getitem, (fused, 0))
         node.replace_all_uses_with(out)
-        return True
-    return False
+        return [node]
+    return []
 
 
 # -- gated linear units -------------------------------------------------------------------
 
-def _glu(graph: fx.Graph, node: fx.Node) -> bool:
+def _glu(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     if not _is(node, *_MUL) or node.kwargs:
-        return False
+        return []
     a, b = _operands(node)
     for act, up in ((a, b), (b, a)):
         if not _only_user(act, node) or not isinstance(up, fx.Node) or _shape(act) != _shape(up) or _shape(up) is None:
@@ -151,8 +175,8 @@ def _glu(graph: fx.Graph, node: fx.Node) -> bool:
         with graph.inserting_before(node):
             out = graph.call_function(*call)
         node.replace_all_uses_with(out)
-        return True
-    return False
+        return [node]
+    return []
 
 
 # -- rotary embeddings (rotate_half) -------------------------------------------------------
@@ -192,11 +216,11 @@ def _rope_half(node: Any) -> tuple[Any, Any, Any] | None:
     return x, cos, sin
 
 
-def _rope(graph: fx.Graph, node: fx.Node) -> bool:
+def _rope(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     """A q rotation paired with the next k rotation that uses the same cos and sin."""
     q = _rope_half(node) if node.users else None      # a node already rewritten has none
     if q is None:
-        return False
+        return []
     for other in node.graph.nodes:
         if other is node or not other.users:
             continue
@@ -205,13 +229,13 @@ def _rope(graph: fx.Graph, node: fx.Node) -> bool:
             continue
         qs, ks, cs = _shape(q[0]), _shape(k[0]), _shape(q[1])
         if qs is None or ks is None or cs is None or len(qs) != 4 or len(ks) != 4 or _shape(q[2]) != cs:
-            return False
+            return []
         s, d = qs[-2], qs[-1]
         if cs[-2:] != (s, d) or any(n != 1 for n in cs[:-2]) or ks[-2:] != (s, d):
-            return False
+            return []
         first, last = sorted((node, other), key=_position)
         if any(_position(u) < _position(last) for u in first.users):
-            return False              # the first rotation is used before the second exists
+            return []              # the first rotation is used before the second exists
         with graph.inserting_before(last):
             cos = graph.call_method("reshape", (q[1], s, d))
             sin = graph.call_method("reshape", (q[2], s, d))
@@ -220,13 +244,13 @@ def _rope(graph: fx.Graph, node: fx.Node) -> bool:
             k_out = graph.call_function(operator.getitem, (both, 1))
         node.replace_all_uses_with(q_out)
         other.replace_all_uses_with(k_out)
-        return True
-    return False
+        return [node, other]
+    return []
 
 
 def _position(node: fx.Node) -> int:
     return next(i for i, n in enumerate(node.graph.nodes) if n is node)
 
 
-_RULES: tuple[tuple[str, Callable[[fx.Graph, fx.Node], bool]], ...] = (
+_RULES: tuple[tuple[str, Callable[[fx.Graph, fx.Node], list[fx.Node]]], ...] = (
     ("rms_norm", _rms_norm), ("swiglu/geglu", _glu), ("rope", _rope))

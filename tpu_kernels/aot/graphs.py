@@ -18,6 +18,7 @@ import jax
 import torch
 from torch import nn
 
+from tpu_kernels import graph_patterns
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.tensor import Storage, TpuTensor
@@ -84,7 +85,7 @@ def capture(fn: Callable[..., Any], *args: Any) -> list[Graph]:
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         sources[:] = [getattr(n.meta.get("grapharg"), "example", None)
                       for n in gm.graph.nodes if n.op == "placeholder"]
-        return aot(gm, example_inputs)
+        return aot(graph_patterns.rewrite(gm), example_inputs)   # as the tpu backend does
     # a cached compile of the same code (an earlier capture's stopping graphs) must not
     # answer for this one: start from empty caches, as a fresh process would
     torch.compiler.reset()

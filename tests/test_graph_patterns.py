@@ -48,7 +48,7 @@ def _targets(n: int) -> set[str]:
 
 
 def test_patterns_are_rewritten_and_match_cpu(monkeypatch):
-    monkeypatch.setenv("TPU_KERNELS_GRAPH_PATTERNS", "1")     # opt-in (see graph_patterns)
+    monkeypatch.delenv("TPU_KERNELS_GRAPH_PATTERNS", raising=False)     # on by default
     cpu = [a.clone().requires_grad_() for a in _args()]
     tpu = [a.to("tpu").requires_grad_() for a in _args()]
     before, n = dict(graph_patterns.REWRITES), len(compile_backend.PROGRAMS)
@@ -68,8 +68,34 @@ def test_patterns_are_rewritten_and_match_cpu(monkeypatch):
         torch.testing.assert_close(a.grad.cpu(), b.grad, **tol(torch.float32, kernel=True))
 
 
+def test_the_switch_turns_the_pass_off(monkeypatch):
+    monkeypatch.setenv("TPU_KERNELS_GRAPH_PATTERNS", "0")
+    before, n = dict(graph_patterns.REWRITES), len(compile_backend.PROGRAMS)
+    out = torch.compile(_block, backend="tpu")(*[a.to("tpu") for a in _args()])
+    assert graph_patterns.REWRITES == before
+    assert "aten.rsqrt.default" in _targets(n)
+    torch.testing.assert_close(out.cpu(), _block(*_args()), **tol(torch.float32))
+
+
+def test_in_place_updates_nobody_reads_survive_a_rewrite():
+    """A static KV cache's ``cache.index_copy_(...)``: a method call whose result is unused.
+    FX's dead-code pass counts every method call as pure; the rewrite must keep it."""
+    def f(x, cache, pos):
+        cache.index_copy_(0, pos, x)
+        return F.silu(x) * x
+
+    x, cache, pos = torch.randn(2, 8), torch.zeros(4, 8), torch.tensor([1, 3])
+    tcache = cache.to("tpu")
+    before = graph_patterns.REWRITES["swiglu/geglu"]
+    out = torch.compile(f, backend="tpu")(x.to("tpu"), tcache, pos.to("tpu"))
+    want = f(x, cache, pos)
+    assert graph_patterns.REWRITES["swiglu/geglu"] == before + 1
+    torch.testing.assert_close(out.cpu(), want, **tol(torch.float32, kernel=True))
+    torch.testing.assert_close(tcache.cpu(), cache)
+
+
 def test_the_pass_leaves_other_graphs_alone(monkeypatch):
-    monkeypatch.setenv("TPU_KERNELS_GRAPH_PATTERNS", "1")
+    monkeypatch.delenv("TPU_KERNELS_GRAPH_PATTERNS", raising=False)
     def f(x, y):            # a square that is not a norm, a silu used twice
         s = F.silu(x)
         return (x.pow(2).mean(-1, keepdim=True) * s + s * y).sum()

@@ -24,6 +24,7 @@ from tpu_kernels.aot.summary import Summary
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.kinds import KERNEL_KINDS
 
 _ADAMW = dict(lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False,
               maximize=False)
@@ -123,6 +124,19 @@ def compile_step(spec: ModelSpec, chip: str, model: torch.nn.Module | None = Non
     return StepReport(spec.name, tpu_info.chip(chip).name,
                       sum(p.numel() for p in model.parameters()), n_tokens,
                       model_flops_per_token(spec, model) * n_tokens, programs, failures)
+
+
+def kernels_used(captured: list[graphs.Graph], chip: str) -> dict[str, dict[str, str]]:
+    """Per captured graph ("forward", "backward", "inference"), the ops a Pallas or Helion
+    kernel runs when the graph is lowered for ``chip``: op name -> impl kind (lowering
+    traces the graph, and each op's route is asked as it would be on that chip)."""
+    sharding = topology.sharding(chip)
+    used = {}
+    with tpu_info.compile_for(chip):
+        for g in captured:
+            graphs.lower(g, sharding)
+            used[g.kind] = {op: kind for op, kind in sorted(g.program.impls) if kind in KERNEL_KINDS}
+    return used
 
 
 def optimizer_step(model: torch.nn.Module, chip: str) -> Compiled:

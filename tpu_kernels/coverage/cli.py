@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export-check", action="store_true",
                    help="compile every Pallas/Helion impl for v5e, v6e and v7x now with the real TPU "
                         "compiler (libtpu; with --op, only those ops); records .tpu_kernels/export.json")
+    p.add_argument("--won-by", action="store_true",
+                   help="ask the cost model which impl wins on each chip for every op with a kernel (minutes)")
     p.add_argument("--results", default=RESULTS_DIR, metavar="DIR", help="results directory (.tpu_kernels)")
     p.add_argument("--model", metavar="MODULE:FACTORY",
                    help="trace a model: FACTORY() returns (model, example_inputs), the inputs a tuple "
@@ -61,7 +63,8 @@ def main_args(a: argparse.Namespace, out=None) -> int:
         text = json.dumps(rep, indent=1, default=str) if a.format == "json" else format_model_report(rep)
         _emit(text, a.output, write)
         return 0
-    rep = build(results_dir=a.results, do_export_check=a.export_check, export_ops=a.op)
+    rep = build(results_dir=a.results, do_export_check=a.export_check, export_ops=a.op,
+                won_by=a.won_by)
     rows = filter_rows(rep["rows"], a.tier, a.kind, a.missing, a.op)
     if a.format == "json":
         shown = dict(rep, rows=rows)

@@ -45,7 +45,7 @@ def _impls_text(r: dict) -> str:
 
 
 _TCOLS = (("op", 48), ("tier", 6), ("impls", 16), ("pick (here)", 26), ("pick (TPU)", 26),
-          ("parity", 13), ("compiles on", 23), ("speed", 0))
+          ("parity", 13), ("compiles on", 23), ("won by (cost model)", 40), ("speed", 0))
 
 
 def format_text(rep: dict, rows: list[dict]) -> str:
@@ -60,9 +60,10 @@ def format_text(rep: dict, rows: list[dict]) -> str:
     lines.append("-" * 160)
     for r in rows:
         cells = [r["op"][:48], r["tier"], _impls_text(r)[:16], r["pick"][:26], r["pick_tpu"][:26],
-                 r["parity"][:13], r["export"][:23], r["speed"]]
+                 r["parity"][:13], r["export"][:23], r.get("won_by", "-")[:40], r["speed"]]
         lines.append(" ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, _TCOLS)).rstrip())
     lines.append(f"\n{len(rows)} rows")
+    lines += never_win_lines(rep)
     return "\n".join(lines)
 
 
@@ -73,13 +74,21 @@ def format_markdown(rep: dict, rows: list[dict]) -> str:
     out.append("|---|---|" + "---|" * len(ORDER))
     for k, t in sorted(rep["totals"]["tiers"].items()):
         out.append(f"| {k} | {t['covered']}/{t['total']} | " + " | ".join(str(t["by_kind"][x]) for x in ORDER) + " |")
-    out += ["", "| op | tier | impls | pick (here) | pick (TPU) | parity | compiles on (real TPU compile) | speed |",
-            "|---|---|---|---|---|---|---|---|"]
+    out += ["", "| op | tier | impls | pick (here) | pick (TPU) | parity | compiles on (real TPU compile) "
+                "| won by (cost model) | speed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [f"`{r['op']}`", r["tier"], _impls_text(r), r["pick"], r["pick_tpu"], r["parity"],
-                 r["export"], r["speed"]]
+                 r["export"], r.get("won_by", "-"), r["speed"]]
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + ["", *never_win_lines(rep)]) + "\n"
+
+
+def never_win_lines(rep: dict) -> list[str]:
+    """The kernels the cost model picks on no chip (when ``--won-by`` asked it)."""
+    never = rep.get("never_win")
+    if never is None:
+        return []
+    return [f"kernels that never win (cost model, production shapes): {', '.join(never) or 'none'}"]
 
 
 _JS = """
@@ -97,11 +106,13 @@ def format_html(rep: dict, rows: list[dict]) -> str:
     png = chart_png(rep)
     e = html.escape
     head = "".join(f"<th onclick='sortBy(this)'>{e(n)}</th>" for n in
-                   ("op", "tier", "impls", "pick (here)", "pick (TPU)", "parity", "compiles on", "speed"))
+                   ("op", "tier", "impls", "pick (here)", "pick (TPU)", "parity", "compiles on", "won by",
+                    "speed"))
     body = []
     for r in rows:
         cls = "miss" if not r["covered"] else ""
-        cells = [r["op"], r["tier"], _impls_text(r), r["pick"], r["pick_tpu"], r["parity"], r["export"], r["speed"]]
+        cells = [r["op"], r["tier"], _impls_text(r), r["pick"], r["pick_tpu"], r["parity"], r["export"],
+                 r.get("won_by", "-"), r["speed"]]
         titles = {5: e(r.get("parity_detail", "")), 6: e(r.get("export_detail", ""))}
         body.append(f"<tr class='{cls}'>" + "".join(
             f"<td title='{titles[j]}'>{e(str(c))}</td>" if j in titles else f"<td>{e(str(c))}</td>"
@@ -115,7 +126,8 @@ tr.miss td{{background:#fdd}}</style><script>{_JS}</script></head><body>
 <ul>{files}</ul>
 <img alt="coverage by tier and impl kind" src="data:image/png;base64,{base64.b64encode(png).decode()}">
 <p>filter: <input oninput="filt(this.value)"> (click a column header to sort)</p>
-<table id="ops"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></body></html>
+<table id="ops"><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>
+{''.join(f"<p>{e(line)}</p>" for line in never_win_lines(rep))}</body></html>
 """
 
 

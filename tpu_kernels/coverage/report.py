@@ -17,6 +17,7 @@ from tpu_kernels.coverage.export import export_check, export_detail, export_text
 from tpu_kernels.coverage.inputs import pick, typical_input
 from tpu_kernels.coverage.results import (RESULTS_DIR, bench_speed, file_state, load_json, parity_status,
                                           registry_changed)
+from tpu_kernels.coverage import won_by as won_by_column
 from tpu_kernels.coverage.targets import IMPL_KINDS, ORDER, TIERS, classify, load_targets
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.custom_ops import DECLARED
@@ -39,10 +40,12 @@ def _progress_printer(enabled: bool = True) -> Callable[[str], None]:
 
 
 def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
-          progress: Callable[[str], None] | None = None, export_ops: str | None = None) -> dict:
+          progress: Callable[[str], None] | None = None, export_ops: str | None = None,
+          won_by: bool = False) -> dict:
     """The whole report as a dict (what ``--format json`` prints). ``do_export_check``
     compiles the kernel impls for each chip now (only of ops whose name holds
-    ``export_ops``, when given) and records them in ``export.json``."""
+    ``export_ops``, when given) and records them in ``export.json``. ``won_by`` asks the cost
+    model which impl wins per chip for each op with a kernel (``coverage.won_by``)."""
     progress = progress or _progress_printer()
     changed = registry_changed()
     parity_path = os.path.join(results_dir, "parity.json")
@@ -96,6 +99,7 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         row["speed"], row["speed_ratio"] = text, ratio
         rows.append(row)
 
+    never_win = won_by_column.add(rows, won_by, progress)
     if do_export_check:
         export = {"format": EXPORT_FORMAT, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                   "ops": {**((export or {}).get("ops", {})), **export_new}}
@@ -115,7 +119,8 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
     return {"format": FORMAT, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "torch": torch.__version__, "registry_changed": (
                 datetime.datetime.fromtimestamp(changed).isoformat(timespec="seconds") if changed else None),
-            "files": files, "totals": totals(rows, kernels, parity is not None), "rows": rows}
+            "files": files, "totals": totals(rows, kernels, parity is not None), "rows": rows,
+            "never_win": never_win}
 
 
 def totals(rows: list[dict], kernels: dict[str, int], have_parity: bool) -> dict:

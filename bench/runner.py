@@ -29,11 +29,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tpu_kernels import registry
-from tpu_kernels.bench import peaks, report
+from tpu_kernels.bench import cost_columns, peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
 from tpu_kernels.bench.correctness import check_outputs
 from tpu_kernels.bench.timing import measure_call, outputs, sync_all
-from tpu_kernels.pallas.tpu_info import on_tpu
+from tpu_kernels.pallas.tpu_info import CHECKED_GENERATIONS, on_tpu
 from tpu_kernels.registry import manifest
 from tpu_kernels.registry.kinds import KERNEL_KINDS
 
@@ -276,8 +276,9 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         impl: str | None = None, quick: bool = False, interpret: bool = False,
         json_path: str | None = RESULTS, plots: str | None = PLOTS, compare: str | None = None,
         warmup: int | None = None, iters: int | None = None, out=print,
-        progress=None) -> dict:
-    """Run the selected benchmarks; print the table; write JSON and plots. Returns the run."""
+        progress=None, cost_chips: list[str] | None = None) -> dict:
+    """Run the selected benchmarks; print the table; write JSON and plots. Returns the run.
+    ``cost_chips``: also the cost model's figures for these chips (``bench.cost_columns``)."""
     if progress is None:
         def progress(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
@@ -320,6 +321,11 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
     run_info["elapsed_s"] = time.perf_counter() - start
     for line in report.summary(run_info):
         out(line)
+    if cost_chips:
+        modelled = cost_columns.rows(pairs, cost_chips)
+        run_info["cost_model"] = [r.as_dict() for r in modelled]
+        for line in cost_columns.lines(modelled):
+            out(line)
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -352,6 +358,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int)
     p.add_argument("--iters", type=int)
     p.add_argument("--list", action="store_true", help="list kernels and cases, run nothing")
+    p.add_argument("--cost-model", metavar="CHIPS", nargs="?", const=",".join(CHECKED_GENERATIONS),
+                   help="also each kernel's modelled time, XLA's estimate, their ratio and the roofline "
+                        "fraction per chip (default chips: %(const)s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,7 +377,8 @@ def main_args(a: argparse.Namespace) -> int:
         return 0
     info = run(kernel=a.kernel, shape=a.shape, dtype=a.dtype, impl=a.impl, quick=a.quick,
                interpret=a.interpret, json_path=a.json_path, plots=a.plots, compare=a.compare,
-               warmup=a.warmup, iters=a.iters)
+               warmup=a.warmup, iters=a.iters,
+               cost_chips=[c for c in a.cost_model.split(",") if c] if a.cost_model else None)
     bad = [r for r in info["results"] if r["status"] == "error" or
            (r.get("check") or {}).get("ok") is False]
     return 1 if bad else 0

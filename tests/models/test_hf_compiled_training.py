@@ -21,6 +21,8 @@ T5 = dict(vocab_size=V, d_model=H, d_kv=8, d_ff=I, num_layers=L, num_heads=NH, d
           decoder_start_token_id=0, relative_attention_num_buckets=8)
 MODELS = {
     "llama": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, **LLAMA_LIKE), ids),
+    # Gemma: RMSNorm with (1 + w), GeGLU, RoPE, all rewritten to the kernel ops in the graph
+    "gemma": (lm(tf.GemmaForCausalLM, tf.GemmaConfig, head_dim=8, **LLAMA_LIKE), ids),
     "gpt2": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=L, n_head=NH, n_positions=64,
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), ids),
     "bert": (build(tf.BertForMaskedLM, tf.BertConfig, **BERT_LIKE), masked_ids),
@@ -90,7 +92,7 @@ def test_llama_trains_compiled_with_its_own_loss():   # several-outputs case
 
 @pytest.mark.thorough
 @pytest.mark.parametrize("own_loss", [True, False], ids=["model_loss", "eager_loss"])
-@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
+@pytest.mark.parametrize("name", ["gemma", "gpt2", "bert", "t5"])
 def test_trains_compiled(name, own_loss):
     _check(name, own_loss)
 

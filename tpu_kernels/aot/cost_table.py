@@ -96,12 +96,25 @@ def _entry(op: Any, xla: Any, args: tuple, kwargs: dict, chip: str) -> dict | No
         cost = aot_compile(fn, *specs, chip=chip).executable.cost_analysis()
     except Exception:  # noqa: BLE001  (XLA cannot compile it: no figure for this class)
         return None
-    seconds = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    seconds, basis = compiled_seconds(cost, chip)
     if seconds <= 0:
         return None
     return {"seconds": seconds, "roofline": xla_table.ideal_seconds(fn, specs, chip),
-            "shapes": shapes,
+            "shapes": shapes, "basis": basis,
             "compile_s": round(time.perf_counter() - start, 2)}
+
+
+def compiled_seconds(cost: dict, chip: str) -> tuple[float, str]:
+    """The compiled program's time from its ``cost_analysis()``: XLA's ``optimal_seconds``,
+    or, where the compiler gives none (a negative figure: seen for cross entropy's and the
+    norms' backward lowerings), the program's own flops and bytes accessed at the chip's
+    peak and bandwidth, whichever takes longer."""
+    seconds = float(cost.get("optimal_seconds", 0.0) or 0.0)
+    if seconds > 0:
+        return seconds, "optimal_seconds"
+    row = tpu_info.chip(chip)
+    flops, moved = float(cost.get("flops", 0.0) or 0.0), float(cost.get("bytes accessed", 0.0) or 0.0)
+    return max(flops / row.bf16_flops, moved / row.hbm_bytes_per_s), "flops+bytes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +126,33 @@ class Row:
     decision: decide.Decision | None
     refused: str = ""
 
+    @property
+    def roofline_fraction(self) -> float | None:
+        """The op's ideal time on the chip over the kernel's modelled time."""
+        d = self.decision
+        if d is None:
+            return None
+        return d.useful_seconds / d.kernel_seconds if d.kernel_seconds else 0.0
+
     def cells(self) -> list[str]:
         d = self.decision
         if d is None:
             return [self.kernel, self.op, self.chip, self.shape_class, "-", "-", "-",
                     self.refused or "not modelled", "-"]
-        frac = d.useful_seconds / d.kernel_seconds if d.kernel_seconds else 0.0
         return [self.kernel, self.op, self.chip, self.shape_class, _fmt(d.kernel_seconds),
                 f"{_fmt(d.xla_seconds)} ({d.source})", f"{d.ratio:.2f}",
-                "kernel" if d.kernel_wins else "XLA", f"{frac:.0%}"]
+                "kernel" if d.kernel_wins else "XLA", f"{self.roofline_fraction:.0%}"]
+
+    def as_dict(self) -> dict:
+        """The row for JSON (seconds, not formatted text)."""
+        d = self.decision
+        out = {"kernel": self.kernel, "op": self.op, "chip": self.chip, "class": self.shape_class,
+               "refused": self.refused}
+        if d is not None:
+            out.update(kernel_s=d.kernel_seconds, xla_s=d.xla_seconds, xla_source=d.source,
+                       ratio=d.ratio, wins="kernel" if d.kernel_wins else "XLA",
+                       roofline_fraction=self.roofline_fraction)
+        return out
 
 
 def _fmt(s: float) -> str:
@@ -133,20 +164,26 @@ def rows(ops: Iterable[str] | None = None, chips: Iterable[str] = tpu_info.CHECK
     """Every kernel impl against XLA per (op, chip, class), from the shipped table."""
     out = []
     for name in ops or ARGS:
-        op = resolve_overload(name)
-        xla = _xla_impl(op)
-        for impl in _kernel_impls(op):
-            for cls in classes:
-                made = class_args(name, cls)
-                if made is None:
-                    continue
-                args, kwargs = made
-                for chip in chips:
-                    row = tpu_info.chip(chip).name
-                    with tpu_info.compile_for(row):
-                        refused = impl.check(*args, **kwargs)
-                    d = None if refused or xla is None else decide.decide(op, impl, xla, args, kwargs, row)
-                    out.append(Row(f"{impl.kind}:{impl.name}", name, row, cls, d, refused or ""))
+        for cls in classes:
+            made = class_args(name, cls)
+            if made is not None:
+                out += case_rows(name, *made, cls, chips)
+    return out
+
+
+def case_rows(name: str, args: tuple, kwargs: dict, label: str, chips: Iterable[str]) -> list[Row]:
+    """Each kernel impl of op ``name`` against its XLA lowering for these (meta) arguments,
+    per chip; ``label`` names the shape class or case in the rows."""
+    op = resolve_overload(name)
+    xla = _xla_impl(op)
+    out = []
+    for impl in _kernel_impls(op):
+        for chip in chips:
+            row = tpu_info.chip(chip).name
+            with tpu_info.compile_for(row):
+                refused = impl.check(*args, **kwargs)
+            d = None if refused or xla is None else decide.decide(op, impl, xla, args, kwargs, row)
+            out.append(Row(f"{impl.kind}:{impl.name}", name, row, label, d, refused or ""))
     return out
 
 

@@ -5,13 +5,13 @@ import base64
 import html
 import io
 
-from tpu_kernels.coverage.targets import IMPL_KINDS, ORDER, TIERS
+from tpu_kernels.coverage.targets import EXTRA_TIERS, IMPL_KINDS, ORDER, TIERS
 
 def totals_line(rep: dict) -> str:
     t = rep["totals"]
     pct = 100 * t["targets_covered"] / max(t["targets"], 1)
     tiers = ", ".join(f"tier {k} {v['covered']}/{v['total']}" for k, v in sorted(t["tiers"].items())
-                      if k not in ("custom", "hop"))
+                      if k not in EXTRA_TIERS)
     kk = t["kernels_by_kind"]
     p = t["parity"]
     par = ("no parity run recorded" if not p["recorded"] else

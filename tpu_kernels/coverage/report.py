@@ -18,7 +18,7 @@ from tpu_kernels.coverage.export import export_check, export_detail, export_text
 from tpu_kernels.coverage.inputs import pick, typical_input
 from tpu_kernels.coverage.results import (RESULTS_DIR, bench_speed, file_state, load_json, parity_status,
                                           registry_changed)
-from tpu_kernels.coverage.targets import IMPL_KINDS, ORDER, TIERS, classify, load_targets
+from tpu_kernels.coverage.targets import EXTRA_TIERS, IMPL_KINDS, ORDER, TIERS, classify, load_targets
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.custom_ops import DECLARED
 from tpu_kernels.registry.kinds import KERNEL_KINDS
@@ -128,7 +128,7 @@ def totals(rows: list[dict], kernels: dict[str, int], have_parity: bool) -> dict
         t["total"] += 1
         t["covered"] += r["covered"]
         t["by_kind"][r["best"]] += 1
-    targets = [r for r in rows if r["tier"] != "custom"]
+    targets = [r for r in rows if r["tier"] not in EXTRA_TIERS]
     tested = [r for r in rows if r["parity"] in ("pass", "fail", "known_failure")]
     passed = sum(r["parity"] == "pass" for r in tested)
     return {

@@ -17,6 +17,7 @@ TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aten_targets
 ORDER = tuple(k for k in KINDS if k != "cpu") + ("none",)
 IMPL_KINDS = tuple(k for k in KINDS if k not in ("runtime", "decomp", "cpu"))   # counted as kernels
 TIERS = ("1", "2", "3", "custom", "hop")   # hop: higher-order ops with impls (flex_attention)
+EXTRA_TIERS = ("custom", "hop")            # rows beside the target list (not counted as targets)
 
 
 def load_targets(path: str = TARGETS) -> list[dict]:

@@ -146,9 +146,8 @@ class Registry:
         for impl in self._table.get(op, ()):
             if impl.kind == "runtime":
                 return impl
-        for rule in self._rules_for(op):
-            return rule.impl_for(op)
-        return None
+        rules = self._rules_for(op)
+        return rules[0].impl_for(op) if rules else None
 
     def _rules_for(self, op: Any) -> list[Rule]:
         return [] if is_hop(op) else [r for r in self._rules if r.applies(op)]

@@ -19,7 +19,6 @@ from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
-DEVICE = torch.device("tpu", 0)
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
@@ -227,8 +226,9 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
 def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype) -> TpuTensor:
     """``wrap`` for the hot path: ``array`` is known to have shape ``size`` (non-empty),
     contiguous ``stride`` and torch dtype ``dtype``, so nothing is recomputed."""
-    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICE)
-    r._tpu_storage = Storage(array)
+    st = Storage(array)
+    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICES[st.index])
+    r._tpu_storage = st
     r._tpu_direct = True
     r._tpu_cache = None
     return r

@@ -159,9 +159,10 @@ class TpuTensor(torch.Tensor):
 
     def data_ptr(self) -> int:
         """The fake address of its first element: its storage's plus the offset."""
-        if self._tpu_storage is None:
+        st = self._tpu_storage
+        if st is None:
             return super().data_ptr()
-        return self.storage().data_ptr() + self.storage_offset() * self.element_size()
+        return shadow.torch_storage(st, self.device).data_ptr() + self.storage_offset() * self.element_size()
 
     def storage(self) -> torch.TypedStorage:
         """Its tpu storage's memory-less torch storage (fake address, real size)."""

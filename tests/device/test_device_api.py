@@ -9,6 +9,7 @@ import torch
 
 import tpu_kernels  # noqa: F401
 from tpu_kernels.dispatch import cache_info
+from tpu_kernels.testing import assert_same
 
 
 def test_memory_counters_move_with_tensors():
@@ -149,3 +150,29 @@ def test_channels_last_answers_as_torch(make):
     torch.testing.assert_close((got * 2).cpu(), want * 2, rtol=0, atol=0)
     e = torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last)
     assert e.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
+
+
+@pytest.mark.parametrize("layout", ["input", "weight", "neither"])
+def test_conv2d_result_layout_follows_torch(layout):
+    """A channels-last input or weight gives channels-last conv results (the output, and in
+    backward the input's gradient) as torch's CPU and CUDA convolutions do."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    if layout == "weight":
+        conv = conv.to(memory_format=torch.channels_last)
+    if layout == "input":
+        x = x.contiguous(memory_format=torch.channels_last)
+    tconv = torch.nn.Conv2d(3, 4, 3, padding=1).to("tpu", memory_format=torch.channels_last if layout == "weight"
+                                                   else torch.contiguous_format)
+    tconv.load_state_dict(conv.state_dict())
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    want, got = conv(xc), tconv(xt)
+    assert got.stride() == want.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) == want.is_contiguous(memory_format=torch.channels_last)
+    assert_same(want, got)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    assert xt.grad.stride() == xc.grad.stride()
+    assert_same(xc.grad, xt.grad)
+    assert_same(conv.weight.grad, tconv.weight.grad)

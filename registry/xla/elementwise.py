@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import jax.scipy.special
 import numpy as np
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 from jax import lax
 
 from tpu_kernels.registry.context import check, out_dtype
@@ -547,15 +546,6 @@ def addcdiv_core(x, t1, t2, value, dt):
     cd = float_compute(dt)
     v = as_dtype(value, cd)
     return (x.astype(cd) + v * t1.astype(cd) / t2.astype(cd)).astype(dt)
-
-
-@xla("prims::fma")
-def fma(a, b, c):
-    """``prims::fma`` (a * b + c): torch's decompositions of lerp-like updates emit it, in
-    compiled graphs and in eager decompositions alike, once its inductor is loaded."""
-    dt = out_dtype()
-    cd = float_compute(dt)
-    return (a.astype(cd) * b.astype(cd) + c.astype(cd)).astype(dt)
 
 
 @xla("aten::addcmul")

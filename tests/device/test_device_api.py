@@ -3,6 +3,8 @@ torch.accelerator, pinned memory, channels_last (issue 20)."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -176,3 +178,24 @@ def test_conv2d_result_layout_follows_torch(layout):
     assert xt.grad.stride() == xc.grad.stride()
     assert_same(xc.grad, xt.grad)
     assert_same(conv.weight.grad, tconv.weight.grad)
+
+
+def test_import_leaves_dynamo_to_the_first_compile():
+    """``import tpu_kernels`` loads neither Dynamo nor inductor (issue 20: import time);
+    torch.compile(backend="tpu") finds the backend through the package's entry point. An
+    install older than the entry point registers the backend at import instead (Dynamo
+    loaded), so ``torch.compile`` works either way."""
+    code = ("import sys, torch, tpu_kernels\n"
+            "from tpu_kernels import platform\n"
+            "print(platform.dynamo_backend_installed(), 'torch._dynamo' in sys.modules,"
+            " 'torch._inductor' in sys.modules)\n"
+            "f = torch.compile(lambda x: (x * 2).sum(), backend='tpu')\n"
+            "print(f(torch.ones(3, device='tpu')).item())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    installed, dynamo, inductor = out.stdout.split()[:3]
+    if installed == "True":
+        assert (dynamo, inductor) == ("False", "False"), out.stdout
+    else:
+        assert dynamo == "True", out.stdout
+    assert out.stdout.split()[3] == "6.0", out.stdout

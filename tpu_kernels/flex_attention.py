@@ -249,6 +249,14 @@ def _pass_through(hop, mode, *args):
     return hop(*args)
 
 
+def pass_through_under(mode: type) -> None:
+    """Run the flex HOPs as they are under ``mode``. AOTAutograd runs a compiled graph's
+    first call under a mode that answers NotImplemented for tensor subclasses, which a HOP
+    returns as its result; the compile backend (which loads AOTAutograd) names that mode."""
+    for hop in (FLEX_HOP, FLEX_BWD_HOP):
+        hop.py_impl(mode)(functools.partial(_pass_through, hop))
+
+
 _installed = False
 
 
@@ -260,11 +268,6 @@ def install() -> None:
     _installed = True
     FLEX_HOP.py_impl(TpuTensor)(forward)
     FLEX_BWD_HOP.py_impl(TpuTensor)(backward)
-    # AOTAutograd runs a compiled graph's first call under a mode that answers
-    # NotImplemented for tensor subclasses, which a HOP returns as its result: pass through
-    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
-    for hop in (FLEX_HOP, FLEX_BWD_HOP):
-        hop.py_impl(_AnalyzeCustomOpInputOutputMode)(functools.partial(_pass_through, hop))
     kernels = FLEX_HOP.py_kernels
     kernels[DispatchKey.Autograd] = _autograd_impl(kernels[DispatchKey.Autograd])
     FLEX_HOP._dispatch_cache.clear()

@@ -25,7 +25,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
-from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
+from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
@@ -34,18 +34,6 @@ from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, wrap
 
 log = logging.getLogger(__name__)
-
-# Builders that may run a graph's program another way (tpu_kernels.distributed: a graph
-# with collectives becomes one program over every rank's device): hook(gm, trace) returns
-# the jitted callable, or None to leave the graph to the plain jax.jit.
-_PROGRAM_HOOKS: list = []
-
-
-def register_program_hook(hook) -> None:
-    """Add ``hook(gm, trace) -> callable | None`` (see ``_PROGRAM_HOOKS``)."""
-    if hook not in _PROGRAM_HOOKS:
-        _PROGRAM_HOOKS.append(hook)
-
 
 class GraphProgram:
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
@@ -61,7 +49,7 @@ class GraphProgram:
         self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
         self._layouts: dict[tuple, list] = {}   # statics -> where each output comes from
         self._checks: dict[tuple, list] = {}    # statics -> (op, checks) per flag output
-        hooked = (hook(gm, self._trace) for hook in _PROGRAM_HOOKS)
+        hooked = (hook(gm, self._trace) for hook in PROGRAM_HOOKS)
         self._jitted = next((j for j in hooked if j is not None), None) or \
             jax.jit(self._trace, static_argnums=(0,))
         _constants_on_device(gm)

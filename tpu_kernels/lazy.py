@@ -10,6 +10,9 @@ flush replays the recorded functions inside one ``jax.jit`` so XLA fuses across 
 programs are cached by their structure (which functions, wired how, on which shapes), so
 a training loop compiles once.
 
+With several tpu devices a recording holds one device's ops: an op on another device
+flushes it first, and the program runs on its device (``Program.index``).
+
 It sits under the storage layer: reading a view of a parameter is recorded too, so it
 fuses into the program that uses it.
 """
@@ -23,7 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tpu_kernels import inflight
+from tpu_kernels import devices, inflight
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
@@ -31,10 +34,15 @@ MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
 
 class Lazy:
     """A value a recorded op will produce: its shape and dtype, and (after the flush) it."""
-    __slots__ = ("aval", "value", "program", "slot", "__weakref__")
+    __slots__ = ("aval", "value", "program", "slot", "index", "__weakref__")
 
     def __init__(self, aval: jax.ShapeDtypeStruct, program: "Program", slot: tuple) -> None:
         self.aval, self.value, self.program, self.slot = aval, None, program, slot
+        self.index = program.index
+
+    def devices(self) -> set:
+        """The device it will be on (as ``jax.Array.devices``): its program's."""
+        return {devices.jax_devices()[self.index]}
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
@@ -54,7 +62,8 @@ class Lazy:
 class Program:
     """One recording: nodes (function, argument references, output structure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
+        self.index = index   # the tpu device it runs on
         self.nodes: list[tuple[Callable, tuple, Any]] = []
         self.inputs: list[Any] = []
         self._input_ids: dict[int, int] = {}
@@ -118,12 +127,29 @@ def _aval_key(v: Any) -> Any:
     return type(v)
 
 
+def _device_of(args: tuple) -> int:
+    """The tpu device an op on ``args`` runs on: its first placed input's (a Lazy's or a
+    committed array's; a host scalar's copy is uncommitted and goes anywhere), else JAX's
+    default device (a factory on ``tpu:i`` runs under ``jax.default_device``)."""
+    for a in args:
+        if type(a) is Lazy:
+            return a.index
+        if isinstance(a, jax.Array) and a.committed:
+            return devices.index_of_array(a)
+    d = jax.config.jax_default_device
+    return 0 if d is None else devices.index_of_device(d)
+
+
 def record(fn: Callable, *args: Any) -> Any:
     """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders."""
     with _lock:
+        index = _device_of(args) if devices.several else 0
         prog = _STATE.program
+        if prog is not None and prog.index != index:   # one device's ops per program
+            flush()
+            prog = None
         if prog is None:
-            prog = _STATE.program = Program()
+            prog = _STATE.program = Program(index)
         key = (fn, tuple(_aval_key(a) for a in args))
         hit = _AVALS.get(key)
         if hit is None:
@@ -176,10 +202,20 @@ def flush() -> None:
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
         _STATE.compiles += 1
-    values = inflight.track(run(*prog.inputs))
+    values = inflight.track(_run_on(prog.index, run, prog.inputs))
     for lz, val in zip(live, values):
         lz.value = val
     _STATE.flushes += 1
+
+
+def _run_on(index: int, run: Callable, inputs: list) -> list:
+    """``run(*inputs)`` on tpu ``index``: its uncommitted inputs (host scalars' copies)
+    and an input-free program go there too, and its results stay there."""
+    if index == 0:
+        return run(*inputs)
+    dev = devices.jax_devices()[index]
+    with jax.default_device(dev):
+        return jax.device_put(run(*inputs), dev)
 
 
 def _replay(nodes: list, wanted: tuple) -> Callable:

@@ -1,5 +1,5 @@
 """Pointwise lowerings of a tensor and two more operands: where, clamp (and clamp_min /
-clamp_max, one bound), lerp, addcmul, addcdiv, prims::fma.
+clamp_max, one bound), lerp, addcmul, addcdiv (prims::fma: registry/inductor_prims.py).
 
 The ``*_core`` functions take the result dtype explicitly, so the ``_foreach_*`` lowerings
 reuse them per list element.
@@ -7,8 +7,6 @@ reuse them per list element.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import torch
-import torch._inductor.inductor_prims  # noqa: F401  (defines torch.ops.prims.fma)
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
@@ -69,15 +67,6 @@ def addcdiv_core(x, t1, t2, value, dt):
     cd = float_compute(dt)
     v = as_dtype(value, cd)
     return (x.astype(cd) + v * t1.astype(cd) / t2.astype(cd)).astype(dt)
-
-
-@xla("prims::fma")
-def fma(a, b, c):
-    """``prims::fma`` (a * b + c): torch's decompositions of lerp-like updates emit it, in
-    compiled graphs and in eager decompositions alike, once its inductor is loaded."""
-    dt = out_dtype()
-    cd = float_compute(dt)
-    return (a.astype(cd) * b.astype(cd) + c.astype(cd)).astype(dt)
 
 
 @xla("aten::addcmul")

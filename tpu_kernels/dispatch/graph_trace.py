@@ -17,6 +17,18 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
+# Builders that may run a graph's program another way (tpu_kernels.distributed: a graph
+# with collectives becomes one program over every rank's device): hook(gm, trace) returns
+# the jitted callable, or None to leave the graph to the plain jax.jit. Kept here, not in
+# graph_program (which loads torch's symbolic shapes), so registering one costs nothing.
+PROGRAM_HOOKS: list = []
+
+
+def register_program_hook(hook) -> None:
+    """Add ``hook(gm, trace) -> callable | None`` (see ``PROGRAM_HOOKS``)."""
+    if hook not in PROGRAM_HOOKS:
+        PROGRAM_HOOKS.append(hook)
+
 
 @dataclasses.dataclass
 class GraphTrace:

@@ -13,9 +13,10 @@ from typing import Any, Callable
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import errors, inflight, lazy, random_state
+from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
+from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.cache import CompiledCall, mode_token
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import op_plan
@@ -63,6 +64,8 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
     refusal). A runtime handler hands calls it does not take itself on to here."""
     compiled, sp = lookup(op, args, kwargs)
+    if devices.several:   # JAX would move an operand on another tpu device: torch raises
+        same_device(op, sp.leaves, (args, kwargs))
     compiled.calls += 1
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)

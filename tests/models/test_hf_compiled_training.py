@@ -25,6 +25,9 @@ MODELS = {
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), ids),
     "bert": (build(tf.BertForMaskedLM, tf.BertConfig, **BERT_LIKE), masked_ids),
     "t5": (build(tf.T5ForConditionalGeneration, tf.T5Config, attn="sdpa", **T5), seq2seq),
+    # experts through F.grouped_mm (aten::_grouped_mm) in float32
+    "qwen3_moe": (lm(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=I, decoder_sparse_step=1, **LLAMA_LIKE), ids),
 }
 STEPS = 5
 
@@ -90,7 +93,7 @@ def test_llama_trains_compiled_with_its_own_loss():   # several-outputs case
 
 @pytest.mark.thorough
 @pytest.mark.parametrize("own_loss", [True, False], ids=["model_loss", "eager_loss"])
-@pytest.mark.parametrize("name", ["gpt2", "bert", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "t5", "qwen3_moe"])
 def test_trains_compiled(name, own_loss):
     _check(name, own_loss)
 

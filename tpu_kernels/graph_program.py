@@ -151,6 +151,9 @@ class GraphProgram:
         """Run the graph on tpu tensors over the jit's tracers; returns the storages the
         outputs live in (and mutated inputs' new values) plus the check flags."""
         self.traces += 1
+        if self.traces > 1:   # a graph with dynamic shapes (a growing KV cache) meets a new size
+            log.info("a compiled graph is traced again (%d traces): each input shape is its own "
+                     "XLA program (a static KV cache keeps decoding to one)", self.traces)
         _, scalars, geometries = statics
         inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
         views, st = iter(inputs), iter(scalars)

@@ -31,7 +31,7 @@ from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap
+from tpu_kernels.tensor import TpuTensor, read
 
 log = logging.getLogger(__name__)
 
@@ -267,18 +267,21 @@ def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
     if src is not None:
         return src
     if x.device.type == "cpu":      # 0-dim scalars, step counters: they ride along
-        t = _host(x)
-        return t._tpu_storage, _geometry(t)
+        return _host(x)
     raise RuntimeError(
         f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
         f"{x.dtype}, device {x.device}): only tpu and CPU tensors can be its inputs")
 
 
-def _host(t: torch.Tensor) -> TpuTensor:
-    """A CPU tensor as a tpu tensor over a host array (jit moves it with the call)."""
+def _host(t: torch.Tensor) -> tuple[Storage, tuple]:
+    """A CPU tensor as a storage over a host array (jit moves it with the call) and its
+    contiguous geometry; no tpu tensor is made (an optimizer has one step counter a parameter)."""
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
-        return wrap(to_jax(t), t.dtype)
-    return wrap(t.detach().numpy(), t.dtype)
+        array = to_jax(t)
+    else:
+        array = t.detach().numpy()
+    shape = tuple(t.shape)
+    return Storage(array), (shape, strided.contiguous_strides(shape), 0, t.dtype)
 
 
 @functools.cache

@@ -112,7 +112,8 @@ class TpuTensor(torch.Tensor):
         st = self._tpu_storage
         if st is None:
             return self._tpu_inner
-        key = (id(st), st.numel, self.dtype, tuple(self.shape), self.stride(), self.storage_offset())
+        # the array's shape, not its size: a Python property the guards would pay per input
+        key = (id(st), st.array.shape, self.dtype, self.shape, self.stride(), self.storage_offset())
         cached = self.__dict__.get("_tpu_shadow_cache")
         if cached is not None and cached[0] == key:
             return cached[1]

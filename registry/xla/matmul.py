@@ -155,4 +155,6 @@ def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 
 _META_OVERRIDES = torch.library.Library("aten", "IMPL")
-_META_OVERRIDES.impl("_grouped_mm", _grouped_mm_meta, "Meta")
+# also the fake impl FakeTensor runs under torch.compile (it prefers a registered fake impl
+# to torch's Python meta, which the Python dispatcher would otherwise pick)
+torch.library.register_fake("aten::_grouped_mm", _grouped_mm_meta, lib=_META_OVERRIDES)

@@ -76,21 +76,11 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 def _run_known(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple) -> Any:
-    """``execute`` then ``finish`` for a FAST hit; the common eager case (one plain
-    result, not recording, not in a graph trace) inlined."""
+    """``execute`` then ``finish`` for a FAST hit, one plain result wrapped directly."""
     single = compiled.single_out
-    if single is None or lazy.recording() or graph_trace.active() is not None:
+    if single is None or graph_trace.active() is not None:
         return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
-    try:
-        out, flags = inflight.track(compiled.fn(*dyn))
-    except Exception as exc:
-        err = _translated(op, args, {}, exc)
-        if err is exc:
-            raise
-        raise err from exc
-    if flags is not None:
-        errors.watch(flags, str(op), compiled.fn.checks)
-    return wrap_known(out[0], *single)
+    return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
 
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:

@@ -11,8 +11,8 @@ Rows (every ratio is a cost ratio: lower is better, and all come from this one r
 - the stage split of an eager add (``dispatch_stages.py``);
 - with ``--first-call``: the decoder forward's first call in a fresh process, with an
   empty persistent compile cache (cold) and again with the one that run left (warm).
-Timings alternate between the two sides of a ratio, round by round, and take the median
-of every call, so a busy machine slows both sides alike. ``--compare OLD.json`` flags
+Timings alternate between the sides of a ratio call by call and take the median of
+every call, so a busy machine slows both sides alike. ``--compare OLD.json`` flags
 ratios more than 10% worse than the old run's and exits 1 if any is.
 """
 from __future__ import annotations
@@ -127,7 +127,8 @@ DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_s
 
 
 def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
-    """Seconds per call of each fn (result waited for), rounds alternating between them."""
+    """Seconds per call of each fn (result waited for), ``rounds * iters`` calls of each,
+    alternating call by call."""
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -136,12 +137,11 @@ def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> 
         for _ in range(2):
             sync(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
+    for _ in range(rounds * iters):   # call by call, so a load spike hits every side alike
         for name, fn in fns.items():
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                sync(fn())
-                times[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            sync(fn())
+            times[name].append(time.perf_counter() - t0)
     return {name: {"median_s": statistics.median(ts), "first_s": first[name]} for name, ts in times.items()}
 
 

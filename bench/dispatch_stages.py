@@ -5,8 +5,8 @@ stage by stage, beside the floors it sits on (a bare cached ``jax.jit`` call, an
 Each stage is timed alone, calling the same functions the hot path calls
 (``dispatch.run``: the op's state, ``fast_key`` and the FAST index, reading the inputs,
 ``execute``, ``results.finish``), with the same arguments, median over many calls; the
-full signature path a call takes the first time it meets a shape is timed beside them; "torch -> __torch_dispatch__" is the whole op minus the
-hook's own time.
+full signature path a call takes the first time it meets a shape is timed beside them.
+"torch -> __torch_dispatch__" is the whole op minus the hook's own time.
 """
 from __future__ import annotations
 

@@ -55,30 +55,41 @@ class Lazy:
             n *= d
         return n
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.aval.dtype.itemsize
+
     def __array__(self, dtype=None, copy=None):
         return np.asarray(concrete(self), dtype=dtype)
 
 
 class Program:
-    """One recording: nodes (function, argument references, output structure)."""
+    """One recording: nodes (function, argument references) and the program's inputs.
+
+    A reference is an int (the index of an input) or a (node, output) pair. The nodes
+    and the inputs' shapes are kept as the recording grows, so at a flush the program's
+    structure is ready to look up (no walk over the nodes)."""
 
     def __init__(self, index: int = 0) -> None:
         self.index = index   # the tpu device it runs on
-        self.nodes: list[tuple[Callable, tuple, Any]] = []
+        self.nodes: list[tuple[Callable, tuple]] = []
         self.inputs: list[Any] = []
+        self.input_avals: list[Any] = []
         self._input_ids: dict[int, int] = {}
         self.lazies: list[weakref.ref] = []
 
-    def ref(self, v: Any) -> tuple:
-        if type(v) is Lazy and v.value is None and v.program is self:
-            return ("node",) + v.slot
+    def ref(self, v: Any) -> Any:
         if type(v) is Lazy:
+            if v.value is None and v.program is self:
+                return v.slot
             v = concrete(v)
         key = id(v)
-        if key not in self._input_ids or not isinstance(v, (jax.Array, np.ndarray)):
-            self._input_ids[key] = len(self.inputs)
+        i = self._input_ids.get(key)
+        if i is None or not isinstance(v, (jax.Array, np.ndarray)):
+            i = self._input_ids[key] = len(self.inputs)
             self.inputs.append(v)
-        return ("in", self._input_ids[key])
+            self.input_avals.append(_aval_key(v))
+        return i
 
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
@@ -140,8 +151,20 @@ def _device_of(args: tuple) -> int:
     return 0 if d is None else devices.index_of_device(d)
 
 
-def record(fn: Callable, *args: Any) -> Any:
-    """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders."""
+def out_spec(fn: Callable, args: Any) -> tuple:
+    """(output avals, treedef) of ``fn(*args)``, worked out once per function and argument
+    shapes; a caller that knows it already passes it to ``record``."""
+    key = (fn, tuple(_aval_key(a) for a in args))
+    hit = _AVALS.get(key)
+    if hit is None:
+        out = jax.eval_shape(fn, *(_aval(a) for a in args))
+        hit = _AVALS[key] = jax.tree.flatten(out)
+    return hit
+
+
+def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
+    """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders.
+    ``spec``: its ``out_spec``, when the caller knows it."""
     with _lock:
         index = _device_of(args) if devices.several else 0
         prog = _STATE.program
@@ -150,21 +173,16 @@ def record(fn: Callable, *args: Any) -> Any:
             prog = None
         if prog is None:
             prog = _STATE.program = Program(index)
-        key = (fn, tuple(_aval_key(a) for a in args))
-        hit = _AVALS.get(key)
-        if hit is None:
-            out = jax.eval_shape(fn, *(_aval(a) for a in args))
-            hit = _AVALS[key] = jax.tree.flatten(out)
-        leaves, treedef = hit
-        refs = tuple(prog.ref(a) for a in args)
+        leaves, treedef = out_spec(fn, args) if spec is None else spec
         node = len(prog.nodes)
-        prog.nodes.append((fn, refs, treedef))
+        prog.nodes.append((fn, tuple([prog.ref(a) for a in args])))
         outs = []
+        lazies = prog.lazies
         for j, aval in enumerate(leaves):
             lazy = Lazy(aval, prog, (node, j))
-            prog.lazies.append(weakref.ref(lazy))
+            lazies.append(weakref.ref(lazy))
             outs.append(lazy)
-        full = len(prog.nodes) >= MAX_NODES
+        full = node + 1 >= MAX_NODES
     result = jax.tree.unflatten(treedef, outs)
     if full:
         flush()
@@ -194,10 +212,9 @@ def flush() -> None:
         prog, _STATE.program = _STATE.program, None
     if prog is None or not prog.nodes:
         return
-    live = [lz for lz in (r() for r in prog.lazies) if lz is not None]
-    wanted = tuple(lz.slot for lz in live)
-    key = (tuple((fn, refs) for fn, refs, _ in prog.nodes), wanted,
-           tuple(_aval_key(v) for v in prog.inputs))
+    live = [lz for lz in [r() for r in prog.lazies] if lz is not None]
+    wanted = tuple([lz.slot for lz in live])
+    key = (tuple(prog.nodes), wanted, tuple(prog.input_avals))
     run = _PROGRAMS.get(key)
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
@@ -221,8 +238,8 @@ def _run_on(index: int, run: Callable, inputs: list) -> list:
 def _replay(nodes: list, wanted: tuple) -> Callable:
     def program(*inputs):
         env: dict[tuple, Any] = {}
-        for i, (fn, refs, _) in enumerate(nodes):
-            args = [inputs[r[1]] if r[0] == "in" else env[(r[1], r[2])] for r in refs]
+        for i, (fn, refs) in enumerate(nodes):
+            args = [inputs[r] if type(r) is int else env[r] for r in refs]
             for j, leaf in enumerate(jax.tree.leaves(fn(*args))):
                 env[(i, j)] = leaf
         return [env[s] for s in wanted]

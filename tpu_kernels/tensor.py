@@ -261,10 +261,11 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
 
 
-def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype) -> TpuTensor:
+def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype, nbytes: int) -> TpuTensor:
     """``wrap`` for the hot path: ``array`` is known to have shape ``size`` (non-empty),
-    contiguous ``stride`` and torch dtype ``dtype``, so nothing is recomputed."""
-    st = Storage(array)
+    contiguous ``stride``, torch dtype ``dtype`` and ``nbytes`` bytes, so nothing is
+    recomputed."""
+    st = Storage(array, None, nbytes)
     r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICES[st.index])
     r._tpu_storage = st
     r._tpu_direct = True
@@ -293,7 +294,7 @@ def value(t: TpuTensor) -> jax.Array:
 
 def _settle(v):
     """Outside deferred recording, a placeholder becomes its value."""
-    return v if recording() or type(v) is not Lazy else concrete(v)
+    return v if type(v) is not Lazy or recording() else concrete(v)
 
 
 def write(t: TpuTensor, new: jax.Array) -> None:

@@ -47,17 +47,21 @@ class GraphTrace:
         self.checks.append((flags, op, checks))
 
 
-_local = threading.local()
+class _Local(threading.local):
+    trace: GraphTrace | None = None   # a class default: no AttributeError on eager's hot path
+
+
+_local = _Local()
 
 
 def active() -> GraphTrace | None:
     """The graph trace this thread is in, or None (eager)."""
-    return getattr(_local, "trace", None)
+    return _local.trace
 
 
 @contextlib.contextmanager
 def tracing(trace: GraphTrace) -> Iterator[GraphTrace]:
-    old = getattr(_local, "trace", None)
+    old = _local.trace
     _local.trace = trace
     try:
         yield trace

@@ -11,8 +11,9 @@ Rows (every ratio is a cost ratio: lower is better, and all come from this one r
 - the stage split of an eager add (``dispatch_stages.py``);
 - with ``--first-call``: the decoder forward's first call in a fresh process, with an
   empty persistent compile cache (cold) and again with the one that run left (warm).
-Timings alternate between the two sides of a ratio, round by round, and take the median
-of every call, so a busy machine slows both sides alike. ``--compare OLD.json`` flags
+Timings alternate between the sides of a ratio call by call and take the median of
+every call, so a busy machine slows both sides alike; each row also gives the ratio of
+process CPU time (``cpu``), steadier than wall time when the machine is loaded. ``--compare OLD.json`` flags
 ratios more than 10% worse than the old run's and exits 1 if any is.
 """
 from __future__ import annotations
@@ -127,7 +128,8 @@ DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_s
 
 
 def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
-    """Seconds per call of each fn (result waited for), rounds alternating between them."""
+    """Seconds per call of each fn (result waited for), ``rounds * iters`` calls of each,
+    alternating call by call."""
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -136,18 +138,23 @@ def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> 
         for _ in range(2):
             sync(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds * iters):   # call by call, so a load spike hits every side alike
         for name, fn in fns.items():
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                sync(fn())
-                times[name].append(time.perf_counter() - t0)
-    return {name: {"median_s": statistics.median(ts), "first_s": first[name]} for name, ts in times.items()}
+            t0, c0 = time.perf_counter(), time.process_time()
+            sync(fn())
+            times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return {name: {"median_s": statistics.median(ts), "cpu_s": statistics.median(cpu[name]),
+                   "first_s": first[name]} for name, ts in times.items()}
 
 
 def _row(case: str, kind: str, num: str, den: str, t: dict) -> dict:
+    """A ratio of wall times (what ``--compare`` checks) and, beside it, of process CPU
+    times (every thread's work: steadier than wall time on a loaded machine)."""
     return {"case": case, "kind": kind, "num": num, "den": den, "num_s": t[num]["median_s"],
-            "den_s": t[den]["median_s"], "ratio": t[num]["median_s"] / t[den]["median_s"]}
+            "den_s": t[den]["median_s"], "ratio": t[num]["median_s"] / t[den]["median_s"],
+            "cpu_ratio": t[num]["cpu_s"] / max(t[den]["cpu_s"], 1e-9)}
 
 
 def eager_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[dict]:
@@ -177,7 +184,7 @@ def deferred_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[d
 
 def _line(r: dict) -> str:
     return (f"{r['case']:<44} {r['kind']:<15} {r['num_s'] * 1e6:>10.1f} us {r['den_s'] * 1e6:>10.1f} us"
-            f" {r['ratio']:>7.2f}")
+            f" {r['ratio']:>7.2f} {r['cpu_ratio']:>7.2f}")
 
 
 def first_call(out: Callable[[str], None]) -> dict[str, float]:
@@ -213,7 +220,7 @@ def compare(new: dict, old: dict) -> list[str]:
 
 def run(quick: bool = False, first: bool = False, out: Callable[[str], None] = print) -> dict:
     rounds, iters = (2, 5) if quick else (5, 20)
-    out(f"{'case':<44} {'ratio':<15} {'numerator':>13} {'denominator':>13} {'ratio':>7}")
+    out(f"{'case':<44} {'ratio':<15} {'numerator':>13} {'denominator':>13} {'ratio':>7} {'cpu':>7}")
     result: dict[str, Any] = {"format": FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                               "rows": eager_rows(rounds, iters, out)}
     result["rows"] += deferred_rows(rounds, max(iters // 4, 3), out)

@@ -3,9 +3,10 @@ stage by stage, beside the floors it sits on (a bare cached ``jax.jit`` call, an
 ``__torch_dispatch__`` on a wrapper subclass that does nothing).
 
 Each stage is timed alone, calling the same functions the hot path calls
-(``dispatch.run``: ``lookup``, ``leaves``, ``execute``, ``results.finish``), with the same
-arguments, median over many calls; "torch -> __torch_dispatch__" is the whole op minus the
-hook's own time.
+(``dispatch.run``: the op's state, ``fast_key`` and the FAST index, reading the inputs,
+``execute``, ``results.finish``), with the same arguments, median over many calls; the
+full signature path a call takes the first time it meets a shape is timed beside them.
+"torch -> __torch_dispatch__" is the whole op minus the hook's own time.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import jax
 import torch
 
 from tpu_kernels import errors, tensor
+from tpu_kernels.dispatch import cache
 from tpu_kernels.dispatch.results import finish
 
 _run = importlib.import_module("tpu_kernels.dispatch.run")   # the module (the package exports the function)
@@ -60,8 +62,10 @@ def stage_split(n: int = 2000, rounds: int = 3) -> dict[str, float]:
     a, b = torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu")
     op, args, kw = torch.ops.aten.add.Tensor, (a, b), {}
     _ = a + b                                   # compile: every later call hits every cache
-    compiled, sp = _run.lookup(op, args, kw)
-    dyn = _run.leaves(compiled, sp, kw)
+    _ = a + b
+    state = _run._state(op)
+    compiled, pos = cache.FAST[_run.fast_key(state, args)][:2]
+    dyn = [tensor.read(args[i]) for i in pos]
     out = _run.execute(op, compiled, dyn, args, kw)
     ja, jb = a.jax(), b.jax()
     bare = jax.jit(lambda x, y: x + y)
@@ -72,11 +76,12 @@ def stage_split(n: int = 2000, rounds: int = 3) -> dict[str, float]:
         "torch dispatch to a do-nothing subclass (floor)": lambda: n1 + n2,
         "whole op (a + b)": lambda: a + b,
         "hook (dispatch entry, all stages)": lambda: tensor._dispatch(op, args, kw),
-        "1 pending errors + runtime handler": lambda: (errors.pending(), _run._handler(op)),
-        "2 signature + cache lookup": lambda: _run.lookup(op, args, kw),
-        "3 read inputs": lambda: _run.leaves(compiled, sp, kw),
+        "1 pending errors + op state (runtime handler)": lambda: (errors.pending(), _run._state(op).handler),
+        "2 signature + cache lookup": lambda: cache.FAST.get(_run.fast_key(state, args)),
+        "3 read inputs": lambda: [tensor.read(args[i]) for i in pos],
         "4 executable call": lambda: _run.execute(op, compiled, dyn, args, kw),
         "5 wrap results": lambda: finish(compiled, args, kw, out),
+        "first call of a shape: full signature + CALLS lookup": lambda: _run.lookup(op, args, kw)[:2],
     }
     runs: dict[str, list[float]] = {k: [] for k in stages}
     for _ in range(rounds):

@@ -26,7 +26,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from tpu_kernels import aot, registry
 from tpu_kernels.bench.timing import measure
-from tpu_kernels.flex_attention import spec_of
+from tpu_kernels.registry.xla.flex_attention import spec_of
 from tpu_kernels.pallas import flex_attention as fk
 from tpu_kernels.pallas import flex_blocks as fb
 from tpu_kernels.pallas import tpu_info

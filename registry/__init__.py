@@ -4,6 +4,7 @@
     registry.impls("aten::mm")               # every impl, highest priority first
     registry.which("aten::mm", a, b)         # the impl that runs for these arguments, and why
     registry.route(op, margs, mkwargs)       # the whole answer: handler, impl, twin, decomposition...
+    registry.which(torch.ops.higher_order.flex_attention, spec)   # a higher-order op: its FlexSpec
     with registry.only("xla"): ...           # force the XLA lowerings
     with registry.disable("pallas"): ...
 
@@ -38,7 +39,8 @@ interpret = REGISTRY.interpret
 
 
 def impls(op: Any) -> list[Impl]:
-    """Every impl registered for ``op`` (name or OpOverload), highest priority first."""
+    """Every impl registered for ``op`` (name, OpOverload or higher-order op), highest
+    priority first."""
     return REGISTRY.impls(resolve_overload(op))
 
 
@@ -51,7 +53,8 @@ def _meta(x: Any) -> Any:
 def which(op: Any, *args: Any, **kwargs: Any) -> tuple[Impl | None, list[tuple[Impl, str]]]:
     """The impl that would run for these arguments (a runtime handler, a registered impl,
     the functional twin's impl of an in-place op, the decomposition, the CPU fallback;
-    None when the op is refused), and each skipped impl with its reason."""
+    None when the op is refused), and each skipped impl with its reason. For a higher-order
+    op the one argument is its spec (flex_attention: ``registry.xla.flex_attention.spec_of``)."""
     r = route(resolve_overload(op), tree_map(_meta, args), tree_map(_meta, kwargs))
     return r.impl, list(r.skipped)
 

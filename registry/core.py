@@ -9,6 +9,11 @@ Impls of kind ``runtime`` are different: the tpu runtime's own handlers, called 
 ``fn(op, args, kwargs)`` on tpu tensors. A handler takes every call of its op (the route
 asks for it before anything else, see ``route.py``); a *rule* is a handler for a whole
 class of ops (every view op), since those cannot be listed one by one.
+
+Higher-order ops (``torch.ops.higher_order.flex_attention``) have impls here too, keyed
+by the op: their ``fn`` and ``supports`` take the op's static spec (a ``FlexSpec``) where
+an ATen op's take its arguments. No rule applies to them and the cost model does not
+weigh them (it prices ATen arguments).
 """
 from __future__ import annotations
 
@@ -21,12 +26,13 @@ from typing import Any, Callable, Iterator
 from tpu_kernels.pallas.tpu_info import target
 from tpu_kernels.registry.costs import decide as costs
 from tpu_kernels.registry.kinds import DEFAULT_PRIORITY, KERNEL_KINDS, SWITCHABLE_KINDS
+from tpu_kernels.registry.opnames import is_hop
 
 
 @dataclasses.dataclass(eq=False)
 class Impl:
     """One implementation of one op."""
-    op: Any                      # torch._ops.OpOverload
+    op: Any                      # torch._ops.OpOverload, or a HigherOrderOperator
     fn: Callable[..., Any]
     kind: str
     name: str
@@ -130,7 +136,7 @@ class Registry:
     def impls(self, op: Any) -> list[Impl]:
         """Every impl of ``op`` (its rules' handlers included), highest priority first."""
         own = self._table.get(op, ())
-        ruled = [r.impl_for(op) for r in self._rules if r.applies(op)]
+        ruled = [r.impl_for(op) for r in self._rules_for(op)]
         if not ruled:
             return list(own)
         return sorted([*own, *ruled], key=lambda i: -i.priority)
@@ -140,14 +146,20 @@ class Registry:
         for impl in self._table.get(op, ()):
             if impl.kind == "runtime":
                 return impl
-        for rule in self._rules:
-            if rule.applies(op):
-                return rule.impl_for(op)
-        return None
+        rules = self._rules_for(op)
+        return rules[0].impl_for(op) if rules else None
+
+    def _rules_for(self, op: Any) -> list[Rule]:
+        return [] if is_hop(op) else [r for r in self._rules if r.applies(op)]
 
     def ops(self) -> list[Any]:
-        """Ops with impls in the table (ops reached only by a rule are not listed)."""
-        return [op for op, impls in self._table.items() if impls]
+        """Op overloads with impls in the table (ops reached only by a rule are not listed;
+        higher-order ops: ``higher_order_ops``)."""
+        return [op for op, impls in self._table.items() if impls and not is_hop(op)]
+
+    def higher_order_ops(self) -> list[Any]:
+        """Higher-order ops with impls in the table (``flex_attention`` and its backward)."""
+        return [op for op, impls in self._table.items() if impls and is_hop(op)]
 
     def has(self, op: Any) -> bool:
         return bool(self._table.get(op))
@@ -204,7 +216,7 @@ class Registry:
     def _cost_loser(self, op: Any, impl: Impl, args: tuple, kwargs: dict) -> tuple[Impl, str] | None:
         """On a TPU (or compiling for one), a kernel impl against the op's XLA lowering:
         the loser with the cost model's figures, or None when nothing was compared."""
-        if impl.kind not in KERNEL_KINDS or not self._state.costed:
+        if impl.kind not in KERNEL_KINDS or not self._state.costed or is_hop(op):
             return None
         where = target()
         if where.interpret:

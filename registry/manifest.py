@@ -5,7 +5,8 @@ Adding a kernel means writing the files its entry names, and the entry:
     kernel     pallas/<name>.py | helion_kernels/<name>.py   the kernel, supports(), cost
     reference  pallas/reference/<name>.py                    plain jax.numpy (Pallas kernels)
     bindings   registry/bindings/<file>.py                   @tpu_kernel(op, kind=..., supports=...)
-    bench      bench/defs/<file>.py                          KernelBench entries (their names here)
+    bench      bench/defs/<file>.py                          KernelBench entries (their names here);
+               a higher-order op's kernel: its own bench script  (no names: its calls are not op arguments)
     tests      tests/kernels/<file>.py                       the kernel against its reference
     examples   below: small CPU arguments per bound op       every impl of the op must match CPU
 
@@ -33,8 +34,8 @@ class Kernel:
     module: str                      # the kernel's module
     bindings: str                    # its bindings' module in registry/bindings
     ops: tuple[str, ...]             # the ops it is bound to (registry spelling)
-    bench_module: str                # its module in bench/defs
-    bench: tuple[str, ...]           # the KernelBench names there
+    bench_module: str                # its module in bench/defs (or its bench script)
+    bench: tuple[str, ...]           # the KernelBench names there (none in a bench script)
     tests: str                       # its test file, from the repo root
     reference: str | None = None     # its plain-JAX reference (Helion kernels: the XLA lowering)
     examples: dict[str, Example] = dataclasses.field(default_factory=dict)
@@ -139,6 +140,13 @@ KERNELS: tuple[Kernel, ...] = (
            "tests/kernels/test_helion_topk.py",
            examples={"aten::topk": lambda: (torch.randperm(7 * 129, generator=torch.Generator()).float()
                                             .reshape(7, 129), 5)}),
+    Kernel("flex_attention", "pallas", f"{_P}.flex_attention", f"{_B}.flex_attention",
+           ("higher_order::flex_attention", "higher_order::flex_attention_backward"),
+           "tpu_kernels.bench.flex_attention", (), "tests/kernels/test_flex_attention_kernel.py",
+           f"{_P}.reference.flex_attention",
+           no_example="a higher-order op (score_mod/mask_mod callables and a BlockMask in its arguments): "
+                      "tests/ops/test_flex_attention.py runs each impl forward and backward against CPU; "
+                      "its real compile: tests/kernels/test_flex_attention_compile.py"),
 )
 
 
@@ -147,8 +155,9 @@ def kernel(name: str) -> Kernel:
 
 
 def bench_modules() -> list[str]:
-    """The bench/defs modules of every kernel, once each, in manifest order."""
-    return list(dict.fromkeys(k.bench_module for k in KERNELS))
+    """The bench/defs modules of every kernel (those with KernelBench entries), once each,
+    in manifest order."""
+    return list(dict.fromkeys(k.bench_module for k in KERNELS if k.bench))
 
 
 def kernel_of(op_name: str) -> Kernel | None:

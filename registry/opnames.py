@@ -1,15 +1,17 @@
-"""Op names: the one parser from a name to an ``OpOverload``, and the naming rules the
-route relies on (the in-place twin of ``add_`` is ``add``)."""
+"""Op names: the one parser from a name to an ``OpOverload`` (or a higher-order op:
+``"higher_order::flex_attention"``), and the naming rules the route relies on (the
+in-place twin of ``add_`` is ``add``)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from torch._ops import OpOverload
+from torch._ops import HigherOrderOperator, OpOverload
 
 
 def lookup_op(name: str | Any) -> Any:
-    """``"aten::add.Tensor"``, ``"aten.add.Tensor"``, ``"aten::add"`` or an OpOverload(Packet)."""
+    """``"aten::add.Tensor"``, ``"aten.add.Tensor"``, ``"aten::add"``, an OpOverload(Packet)
+    or a higher-order op (``"higher_order::flex_attention"``, or the op itself)."""
     if not isinstance(name, str):
         return name
     ns, _, rest = name.replace("::", ".").partition(".")
@@ -45,6 +47,19 @@ def overload_or_none(name: str) -> OpOverload | None:
     except ValueError:
         return None
     return op if isinstance(op, OpOverload) else None
+
+
+def is_hop(op: Any) -> bool:
+    """``op`` is a higher-order op (``torch.ops.higher_order.*``: its arguments include
+    callables; no schema, no in-place twin, no decomposition)."""
+    return isinstance(op, HigherOrderOperator)
+
+
+def op_name(op: Any) -> str:
+    """The registry spelling: ``aten::add.Tensor``, ``higher_order::flex_attention``."""
+    if is_hop(op):
+        return f"{op.namespace}::{op.name()}"
+    return f"{op._schema.name}.{op._overloadname}"
 
 
 def namespace(op: OpOverload) -> str:

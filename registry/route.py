@@ -18,8 +18,13 @@ In order, the first that applies:
 6. ``refused``: nothing runs; ``Route.error()`` names the op, each skipped impl's
    reason and the remedies.
 
-The dispatcher, ``registry.which``, the coverage report, the parity tests and the bench
-all ask this function; nothing else decides where an op goes.
+A higher-order op (``torch.ops.higher_order.flex_attention``) routes the same way, with
+its static spec as the one argument its impls' ``supports`` see (a ``FlexSpec``,
+``registry/xla/flex_attention.py: spec_of``); it has no runtime handler, twin,
+decomposition or CPU fallback, so a call no impl accepts is refused.
+
+The dispatcher, the flex_attention path, ``registry.which``, the coverage report, the
+parity tests and the bench all ask this function; nothing else decides where an op goes.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from tpu_kernels.registry.core import REGISTRY, Impl
-from tpu_kernels.registry.opnames import functional_twin
+from tpu_kernels.registry.opnames import functional_twin, is_hop, op_name
 
 VIEW_RULE = "view"   # the name of the runtime's rule for view ops
 
@@ -61,12 +66,15 @@ class Route:
 
     def error(self) -> NotImplementedError:
         """The refusal: names the op, why each impl refused, and what to do."""
-        op = self.op
+        op, name = self.op, op_name(self.op)
         why = "".join(f"\n  {i.kind}:{i.name} refused: {r}" for i, r in self.skipped)
-        return NotImplementedError(
-            f"{op} has no implementation on the tpu device.{why}\n"
-            f"Set TPU_KERNELS_CPU_FALLBACK=1 to run it on the CPU (copying the tensors), or "
-            f"register an impl with @tpu_kernel(\"{op._schema.name}.{op._overloadname}\").")
+        if is_hop(op):
+            head, remedy = name, (f"Register an impl that takes these calls: registry.REGISTRY.add(Impl("
+                                  f"torch.ops.{name.replace('::', '.')}, fn, \"user\", name, supports=...)).")
+        else:
+            head, remedy = str(op), (f"Set TPU_KERNELS_CPU_FALLBACK=1 to run it on the CPU (copying the "
+                                     f"tensors), or register an impl with @tpu_kernel(\"{name}\").")
+        return NotImplementedError(f"{head} has no implementation on the tpu device.{why}\n{remedy}")
 
 
 def cpu_fallback_enabled() -> bool:
@@ -75,8 +83,8 @@ def cpu_fallback_enabled() -> bool:
 
 def decomposition(op: Any) -> Impl | None:
     """torch's decomposition of ``op`` as a ``decomp`` impl, or None (also None while the
-    ``decomp`` kind is disabled)."""
-    if REGISTRY.disabled("decomp"):
+    ``decomp`` kind is disabled, and for a higher-order op)."""
+    if REGISTRY.disabled("decomp") or is_hop(op):
         return None
     fn = decomposition_table.get(op)
     if fn is not None:
@@ -120,12 +128,17 @@ def call_route(op: Any, args: tuple | None = None, kwargs: dict | None = None) -
     impl, skipped = REGISTRY.resolve(op, args, kwargs or {})
     if impl is not None:
         return Route("impl", op, impl, tuple(skipped), candidates=_candidates(op))
-    twin = functional_twin(op) if op._schema.is_mutable else None
+    twin = _twin(op)
     if twin is not None:
         timpl, _ = REGISTRY.resolve(twin, args, kwargs or {})
         if timpl is not None:
             return Route("twin", op, timpl, tuple(skipped), functional=twin)
     return _last_resort(op, tuple(skipped))
+
+
+def _twin(op: Any) -> Any:
+    """The functional twin of an in-place op overload, or None."""
+    return functional_twin(op) if not is_hop(op) and op._schema.is_mutable else None
 
 
 def _candidates(op: Any) -> tuple[Impl, ...]:
@@ -139,7 +152,7 @@ def _static_route(op: Any) -> Route:
     if impls:
         only = impls[0] if impls[0].supports is None else None
         return Route("impl", op, only, candidates=impls)
-    twin = functional_twin(op) if op._schema.is_mutable else None
+    twin = _twin(op)
     if twin is not None and _candidates(twin):
         return Route("twin", op, None, functional=twin, candidates=_candidates(twin))
     return _last_resort(op, ())
@@ -149,7 +162,7 @@ def _last_resort(op: Any, skipped: tuple) -> Route:
     decomp = decomposition(op)
     if decomp is not None:
         return Route("decomp", op, decomp, skipped, candidates=(decomp,))
-    if cpu_fallback_enabled():
+    if cpu_fallback_enabled() and not is_hop(op):
         cpu = Impl(op, None, "cpu", CPU_FALLBACK)
         return Route("cpu", op, cpu, skipped, candidates=(cpu,))
     return Route("refused", op, None, skipped)

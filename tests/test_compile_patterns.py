@@ -153,6 +153,20 @@ def test_tensor_from_data_inside_compiled_code(make):
         close(cf(x.to("tpu")), make(x))
 
 
+def test_float32_grouped_mm_trains_compiled():
+    """MoE experts through ``F.grouped_mm`` in float32 (Qwen3-MoE's default experts): torch's
+    own meta function refuses anything but bf16 under FakeTensor; CPU torch and tpu run it."""
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 8, requires_grad=True), torch.randn(3, 8, 4, requires_grad=True)
+    offs = torch.tensor([4, 4, 16], dtype=torch.int32)        # an empty group
+    ta, tb = (t.detach().to("tpu").requires_grad_() for t in (a, b))
+    f = lambda x, w, o: torch._grouped_mm(x, w, o).square().sum()  # noqa: E731
+    torch.compile(f, backend="tpu")(ta, tb, offs.to("tpu")).backward()
+    f(a, b, offs).backward()
+    close(ta.grad, a.grad, atol=1e-4, rtol=1e-5)
+    close(tb.grad, b.grad, atol=1e-4, rtol=1e-5)
+
+
 def test_eager_then_compile_and_compile_then_eager():
     """A view after the attention output's transpose: eager runs first cached a result
     layout the graph must not take."""

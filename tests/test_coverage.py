@@ -60,7 +60,8 @@ def test_counts_agree_with_registry(report):
     for tier, t in tot["tiers"].items():
         assert t["total"] == sum(r["tier"] == tier for r in rep["rows"])
         assert sum(t["by_kind"].values()) == t["total"]
-    n_pallas = sum(i.kind == "pallas" for op in registry.REGISTRY.ops() for i in registry.impls(op))
+    ops = registry.REGISTRY.ops() + registry.REGISTRY.higher_order_ops()
+    n_pallas = sum(i.kind == "pallas" for op in ops for i in registry.impls(op))
     assert tot["kernels_by_kind"]["pallas"] == n_pallas
     # a known case: mm has a Pallas kernel and an XLA lowering; on a TPU the kernel is picked
     mm = rows["aten.mm.default"]
@@ -127,6 +128,16 @@ def test_user_op_shows_up(report, user_op):
     row = next(r for r in rep["rows"] if r["op"] == "covtest.scale2.default")
     assert row["tier"] == "custom" and row["best"] == "user" and row["covered"]
     assert row["pick"] == "user:scale2"
+
+
+def test_flex_attention_rows(report):
+    """The higher-order ops with impls get rows of their own, from the same route."""
+    rows = {r["op"]: r for r in report[0]["rows"]}
+    for name in ("higher_order.flex_attention", "higher_order.flex_attention_backward"):
+        r = rows[name]
+        assert r["tier"] == "hop" and r["covered"] and r["best"] == "pallas", r
+        assert set(r["kinds"]) == {"pallas", "xla"} and r["input"] == "n/a", r
+    assert report[0]["totals"]["higher_order_ops"] == 2
 
 
 def test_chart_html_markdown(report, tmp_path):

@@ -112,3 +112,30 @@ def test_env_disable_kinds(monkeypatch):
     with pytest.raises(ValueError, match="unknown impl kind"):
         with registry.disable("cuda"):
             pass
+
+
+def test_fast_index_keys_static_values_number_types_and_settings():
+    """Calls that hit the hot path's FAST index (positional tensors and numbers) still
+    tell apart what changes the executable: a static argument's value (softmax's dim), a
+    number's type (int vs float vs bool promote differently), and the matmul precision."""
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    for _ in range(2):   # the second round runs through the FAST index
+        for dim in (0, 1, -1):
+            torch.testing.assert_close(t.softmax(dim).cpu(), x.softmax(dim))
+        i = torch.arange(6)
+        ti = i.to("tpu")
+        for other in (2, 2.5, True):
+            got, want = (ti * other).cpu(), i * other
+            assert got.dtype == want.dtype and torch.equal(got, want), other
+    a = torch.randn(8, 8).to("tpu")
+    old = torch.get_float32_matmul_precision()
+    try:
+        (a @ a).cpu()
+        (a @ a).cpu()
+        before = dispatch.TRACES.get(torch.ops.aten.mm.default, 0)
+        torch.set_float32_matmul_precision("medium" if old != "medium" else "highest")
+        (a @ a).cpu()
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert dispatch.TRACES.get(torch.ops.aten.mm.default, 0) == before + 1

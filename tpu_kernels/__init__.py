@@ -27,7 +27,6 @@ _device.setup()  # before anything names torch.device("tpu")
 from tpu_kernels import registry  # noqa: E402
 from tpu_kernels import dispatch as _dispatch  # noqa: E402,F401  (installs the dispatch hook)
 from tpu_kernels import runtime_ops as _runtime_ops  # noqa: E402,F401  (registers the runtime's handlers)
-from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
 from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (flex_attention HOPs on tpu)
 from tpu_kernels import accelerator as _accelerator  # noqa: E402
 from tpu_kernels import autocast as _autocast  # noqa: E402
@@ -37,7 +36,6 @@ from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
-_compile_backend.register()
 _autocast.install()        # torch.autocast("tpu"): CUDA's op lists, bfloat16 by default
 _serialization.install()   # torch.save / torch.load of tpu tensors, map_location="tpu"
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
@@ -45,5 +43,13 @@ _accelerator.install()     # torch.accelerator.* for the tpu device
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)
+
+# torch.compile(backend="tpu") finds the backend through the package's entry point
+# (pyproject.toml), so Dynamo loads with the first compile, not here. An install made
+# before the entry point existed (the editable install is not redone) registers it now.
+if not _platform.dynamo_backend_installed():
+    from tpu_kernels import compile_backend as _compile_backend  # noqa: E402
+
+    _compile_backend.register()
 
 __all__ = ["tpu_kernel", "registry", "TpuTensor", "deferred", "flush"]

@@ -47,6 +47,10 @@ def _on_tpu() -> bool:
 
 
 def _routed(name: str, theirs: Callable, ours: Callable) -> Callable:
+    # never traced: every torch.compile'd call asks for the current stream before its graph
+    # runs (Dynamo's stream tracking), and a traced router would run guards of its own there
+    # (torch._disable_dynamo: torch's lazy torch._dynamo.disable, so Dynamo is not loaded here)
+    @torch._disable_dynamo
     @functools.wraps(theirs)
     def accelerator_fn(*args: Any, **kwargs: Any) -> Any:
         return ours(*args, **kwargs) if _on_tpu() else theirs(*args, **kwargs)

@@ -17,11 +17,14 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 
-from tpu_kernels import compile_options, graph_patterns
+from tpu_kernels import compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
+from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
 
+flex_attention.pass_through_under(_AnalyzeCustomOpInputOutputMode)
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
 
 

@@ -26,7 +26,7 @@ import functools
 import logging
 from typing import Any, Iterator
 
-import torch._inductor.config as inductor_config
+import torch
 
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.kinds import SWITCHABLE_KINDS
@@ -80,7 +80,9 @@ def parse(mode: str | None = None, options: dict[str, Any] | None = None) -> Com
 
 @functools.cache
 def _inductor_options() -> frozenset[str]:
-    return frozenset(inductor_config.get_config_copy())
+    # torch loads inductor (and Dynamo) at this first attribute access: a compile is
+    # being set up, so they are loaded already; importing this module does not load them
+    return frozenset(torch._inductor.config.get_config_copy())
 
 
 def _is_inductor_option(name: str) -> bool:

@@ -14,17 +14,28 @@ import jax
 import torch
 
 _state = threading.local()   # the current device is per thread, as CUDA's is
+# more than one tpu device (set with the device list, which any index but 0 was checked
+# against): the dispatcher checks that a call's tensors share a device only then
+several = False
 
 
 @functools.cache
 def jax_devices() -> tuple:
     """This process's JAX devices, in index order (``tpu:i`` is ``jax_devices()[i]``)."""
-    return tuple(jax.local_devices())
+    global several
+    found = tuple(jax.local_devices())
+    several = len(found) > 1
+    return found
 
 
 @functools.cache
 def _index_of() -> dict:
     return {d: i for i, d in enumerate(jax_devices())}
+
+
+def index_of_device(device: jax.Device) -> int:
+    """The tpu index of a JAX device of this process (0 for one that is not)."""
+    return _index_of().get(device, 0)
 
 
 def device_count() -> int:
@@ -79,7 +90,7 @@ def index_of_array(array: Any) -> int:
     if devices is None:
         return 0
     ds = devices()
-    return _index_of().get(next(iter(ds)), 0) if len(ds) == 1 else 0
+    return index_of_device(next(iter(ds))) if len(ds) == 1 else 0
 
 
 # torch.compile calls these at trace time and keeps the answer (as for torch.cuda's):

@@ -8,9 +8,9 @@ registers the tpu tensor's impls:
 - inside torch.compile's tracing (traced tpu tensors) the HOP runs on the shadows, so
   Dynamo/AOTAutograd record it with its score/mask graphs;
 - on real tpu tensors (eager, or a compiled graph's nodes inside its jax.jit) the call
-  becomes a ``FlexSpec`` and runs the first impl that accepts it: the Pallas kernel
-  (``registry/bindings/flex_attention.py``), else the dense XLA fallback, each as one
-  jitted program per spec.
+  becomes a ``FlexSpec`` and runs the impl ``registry.route`` picks for it, as for any op:
+  the Pallas kernel (``registry/bindings/flex_attention.py``) where its ``supports``
+  accepts the spec, else the dense XLA impl, each as one jitted program per spec.
 
 Three adjustments to torch's Python code, each for tpu tensors only: the public
 function's device check lets "tpu" through; in eager autograd the forward saves what the
@@ -38,12 +38,9 @@ from torch._higher_order_ops.flex_attention import _permute_strides
 from torch.utils._pytree import tree_map
 
 from tpu_kernels import errors
-from tpu_kernels.registry.core import REGISTRY, Impl
-from tpu_kernels.registry.dtypes import to_jax_dtype
-from tpu_kernels.registry.bindings.flex_attention import PALLAS_BACKWARD, PALLAS_FORWARD
-from tpu_kernels.registry.xla import flex_mods
-from tpu_kernels.registry.xla.flex_attention import (FLEX_BWD_HOP, FLEX_HOP, XLA_BACKWARD,
-                                                     XLA_FORWARD, FlexSpec)
+from tpu_kernels.registry import route
+from tpu_kernels.registry.core import Impl
+from tpu_kernels.registry.xla.flex_attention import FLEX_BWD_HOP, FLEX_HOP, FlexSpec, spec_of
 from tpu_kernels import tensor as tensor_mod
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.storage import to_jax
@@ -51,48 +48,22 @@ from tpu_kernels.tensor import TpuTensor, value, wrap
 
 log = logging.getLogger(__name__)
 _LN2 = math.log(2.0)
-FORWARD_IMPLS: tuple[Impl, ...] = (PALLAS_FORWARD, XLA_FORWARD)
-BACKWARD_IMPLS: tuple[Impl, ...] = (PALLAS_BACKWARD, XLA_BACKWARD)
 # (HOP name, impl kind) -> calls; the latest skipped impls with their reasons
 RUNS: collections.Counter = collections.Counter()
 LAST_SKIPPED: dict[str, list[tuple[str, str]]] = {}
 
 
-def choose(impls: tuple[Impl, ...], spec: FlexSpec) -> Impl:
-    """The first impl that may run (kind enabled) and accepts ``spec``."""
-    skipped = []
-    for impl in impls:
-        reason = REGISTRY.enabled(impl) or impl.check(spec)
-        if reason is None:
-            LAST_SKIPPED[impl.op.name()] = skipped
-            if skipped:
-                log.debug("%s runs %s: %s", impl.op.name(), impl.name, skipped)
-            return impl
-        skipped.append((f"{impl.kind}:{impl.name}", reason))
-    raise NotImplementedError(
-        f"flex_attention on tpu: no impl accepts query {spec.q_shape} {spec.dtype}: {skipped}")
-
-
-# -- specs ------------------------------------------------------------------------------------
-def _buffers(bufs) -> tuple:
-    """Captured values: (shape, dtype) per tensor, numbers as themselves."""
-    return tuple((tuple(b.shape), b.dtype) if isinstance(b, torch.Tensor) else b for b in bufs)
-
-
-def spec_of(q, k, v, score_mod, block_mask, scale, score_bufs, mask_bufs,
-            grads: tuple[bool, ...]) -> FlexSpec:
-    """The static description of a flex_attention call (its mods traced once per function)."""
-    sb, mb = _buffers(score_bufs), _buffers(mask_bufs)
-    score = flex_mods.lower(score_mod, "score", sb)
-    mask = flex_mods.lower(block_mask[-1], "mask", mb)
-    kv_num = block_mask[2]
-    dtypes = {q.dtype, k.dtype, v.dtype}
-    return FlexSpec(
-        tuple(q.shape), tuple(k.shape), tuple(v.shape),
-        str(to_jax_dtype(q.dtype)) if len(dtypes) == 1 else "mixed", float(scale),
-        None if score.is_identity else score, None if mask.is_true else mask,
-        (int(block_mask[14]), int(block_mask[15])), tuple(kv_num.shape[:2]),
-        block_mask[4] is not None, sb, mb, grads)
+def choose(hop: Any, spec: FlexSpec) -> Impl:
+    """The impl the route picks for ``spec`` (the Pallas kernel where it accepts the call,
+    else the dense XLA impl); its skipped impls and reasons go to ``LAST_SKIPPED``."""
+    r = route(hop, (spec,), {})
+    if r.impl is None:
+        raise NotImplementedError(f"flex_attention on tpu, query {spec.q_shape} {spec.dtype}: {r.error()}")
+    skipped = [(f"{i.kind}:{i.name}", reason) for i, reason in r.skipped]
+    LAST_SKIPPED[hop.name()] = skipped
+    if skipped:
+        log.debug("%s runs %s: %s", hop.name(), r.impl.name, skipped)
+    return r.impl
 
 
 def _tables(block_mask) -> tuple:
@@ -145,7 +116,7 @@ def forward(q, k, v, score_mod, block_mask, scale, kernel_options, score_bufs=()
     if _is_traced(args):
         return _on_shadows(FLEX_HOP, args)
     spec = spec_of(q, k, v, score_mod, block_mask, scale, score_bufs, mask_bufs, ())
-    impl = choose(FORWARD_IMPLS, spec)
+    impl = choose(FLEX_HOP, spec)
     RUNS[("flex_attention", impl.kind)] += 1
     out, lse, mx = _program(impl, spec, True, _stat_unit(kernel_options))(
         value(q), value(k), value(v), _tables(block_mask), _arrays(score_bufs), _arrays(mask_bufs))
@@ -179,7 +150,7 @@ def _backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, bloc
     grads = tuple(isinstance(b, torch.Tensor) and b.is_floating_point()
                   and (in_graph or b.requires_grad) for b in score_bufs)
     spec = spec_of(q, k, v, fw_graph, block_mask, scale, score_bufs, mask_bufs, grads)
-    impl = choose(BACKWARD_IMPLS, spec)
+    impl = choose(FLEX_BWD_HOP, spec)
     RUNS[("flex_attention_backward", impl.kind)] += 1
     dq, dk, dv, dbufs = _program(impl, spec, False, _stat_unit(kernel_options))(
         qa, value(k), value(v), value(out), value(lse),
@@ -278,6 +249,14 @@ def _pass_through(hop, mode, *args):
     return hop(*args)
 
 
+def pass_through_under(mode: type) -> None:
+    """Run the flex HOPs as they are under ``mode``. AOTAutograd runs a compiled graph's
+    first call under a mode that answers NotImplemented for tensor subclasses, which a HOP
+    returns as its result; the compile backend (which loads AOTAutograd) names that mode."""
+    for hop in (FLEX_HOP, FLEX_BWD_HOP):
+        hop.py_impl(mode)(functools.partial(_pass_through, hop))
+
+
 _installed = False
 
 
@@ -289,11 +268,6 @@ def install() -> None:
     _installed = True
     FLEX_HOP.py_impl(TpuTensor)(forward)
     FLEX_BWD_HOP.py_impl(TpuTensor)(backward)
-    # AOTAutograd runs a compiled graph's first call under a mode that answers
-    # NotImplemented for tensor subclasses, which a HOP returns as its result: pass through
-    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
-    for hop in (FLEX_HOP, FLEX_BWD_HOP):
-        hop.py_impl(_AnalyzeCustomOpInputOutputMode)(functools.partial(_pass_through, hop))
     kernels = FLEX_HOP.py_kernels
     kernels[DispatchKey.Autograd] = _autograd_impl(kernels[DispatchKey.Autograd])
     FLEX_HOP._dispatch_cache.clear()

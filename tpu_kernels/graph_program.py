@@ -25,27 +25,15 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
-from tpu_kernels.dispatch.graph_trace import GraphTrace, tracing
+from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap
+from tpu_kernels.tensor import TpuTensor, read
 
 log = logging.getLogger(__name__)
-
-# Builders that may run a graph's program another way (tpu_kernels.distributed: a graph
-# with collectives becomes one program over every rank's device): hook(gm, trace) returns
-# the jitted callable, or None to leave the graph to the plain jax.jit.
-_PROGRAM_HOOKS: list = []
-
-
-def register_program_hook(hook) -> None:
-    """Add ``hook(gm, trace) -> callable | None`` (see ``_PROGRAM_HOOKS``)."""
-    if hook not in _PROGRAM_HOOKS:
-        _PROGRAM_HOOKS.append(hook)
-
 
 class GraphProgram:
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
@@ -59,9 +47,9 @@ class GraphProgram:
         self.traces = 0
         self.calls = 0
         self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
-        self._layouts: dict[tuple, list] = {}   # statics -> where each output comes from
-        self._checks: dict[tuple, list] = {}    # statics -> (op, checks) per flag output
-        hooked = (hook(gm, self._trace) for hook in _PROGRAM_HOOKS)
+        self._layouts: dict[tuple, tuple] = {}  # statics -> where each output comes from
+        self._outputs: dict[tuple, tuple] = {}  # statics -> (its layout, (op, checks) per flag)
+        hooked = (hook(gm, self._trace) for hook in PROGRAM_HOOKS)
         self._jitted = next((j for j in hooked if j is not None), None) or \
             jax.jit(self._trace, static_argnums=(0,))
         _constants_on_device(gm)
@@ -74,9 +62,14 @@ class GraphProgram:
         outs = gm.graph.output_node().args[0]
         self.cpu_outputs = [i for i, n in enumerate(outs) if isinstance(n, torch.fx.Node)
                             and getattr(n.meta.get("val"), "device", None) == torch.device("cpu")]
+        # tensor inputs (their positions among the tensors) that live on the CPU: Dynamo
+        # guards every input's device, so a program always gets them there
+        self.cpu_inputs = [k for k, x in enumerate(x for x in example_inputs if isinstance(x, torch.Tensor))
+                           if x.device.type == "cpu"]
+        self.all_tensors = all(self.is_tensor)
 
     def __call__(self, *args: Any) -> list[Any]:
-        tensors = [a for a, t in zip(args, self.is_tensor) if t]
+        tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
         sources = [source_of(a) for a in tensors]     # (storage, geometry) per tensor input
         if self.eager:
             it = (TpuTensor(st, *g) for st, g in sources)
@@ -84,11 +77,14 @@ class GraphProgram:
                 out = list(self.gm(*(next(it) if t else a for a, t in zip(args, self.is_tensor))))
         else:
             out = self._run_jitted(args, sources)
-        for a, (st, _) in zip(tensors, sources):    # the graph may have updated CPU inputs
-            if a.device.type == "cpu" and st.version:
+        for k in self.cpu_inputs:           # the graph may have updated CPU inputs
+            a, st = tensors[k], sources[k][0]
+            if st.version:
                 a.copy_(to_torch(st.array).reshape(a.shape))
         self.calls += 1
-        return [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
+        if self.cpu_outputs:
+            out = [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
+        return out
 
     def lower(self, args: Sequence[Any], key: Any, arrays: Sequence[Any]) -> jax.stages.Lowered:
         """Lower, not run, the program for a call with ``args`` (their tensors' geometry
@@ -102,8 +98,9 @@ class GraphProgram:
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [concrete(st.array) for st, _ in sources]
-        statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
-                   tuple(g for _, g in sources))
+        scalars = () if self.all_tensors else \
+            tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
+        statics = (settings(), scalars, tuple(g for _, g in sources))
         taken = self.n_random
         # a graph without random ops (known once traced) takes one resident key: no
         # counters to reserve, nothing to move to the device per call
@@ -111,17 +108,18 @@ class GraphProgram:
         storages, flags = inflight.track(self._jitted(statics, key, *tensors))
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
-        for f, (op, checks) in zip(flags, self._checks[statics]):
-            errors.watch(f, op, checks)
-        return self._results(statics, [st for st, _ in sources], storages)
+        layout, checks = self._outputs[statics]
+        for f, (op, c) in zip(flags, checks):
+            errors.watch(f, op, c)
+        return self._results(layout, sources, storages)
 
-    def _results(self, statics: tuple, inputs: list[Storage], arrays: list) -> list[Any]:
+    def _results(self, layout: tuple, sources: list, arrays: list) -> list[Any]:
         """The graph's outputs as tpu tensors: views of the real inputs where the graph's
         outputs were views of its inputs (AOTAutograd rebuilds aliases from them), and
         new storages, shared as in the graph, for the rest; mutated inputs written back."""
-        written, layout = self._layouts[statics]
+        written, layout = layout
         for k, slot in written:
-            st = inputs[k]
+            st = sources[k][0]
             st.array, st.version = arrays[slot], st.version + 1
         new = {}
         out = []
@@ -131,7 +129,7 @@ class GraphProgram:
                 continue
             kind, where, geometry = entry
             if kind == "input":
-                storage = inputs[where]
+                storage = sources[where][0]
             else:
                 storage = new.get(where) or new.setdefault(where, Storage(arrays[where]))
             out.append(TpuTensor(storage, *geometry))
@@ -141,6 +139,9 @@ class GraphProgram:
         """Run the graph on tpu tensors over the jit's tracers; returns the storages the
         outputs live in (and mutated inputs' new values) plus the check flags."""
         self.traces += 1
+        if self.traces > 1:   # a graph with dynamic shapes (a growing KV cache) meets a new size
+            log.info("a compiled graph is traced again (%d traces): each input shape is its own "
+                     "XLA program (a static KV cache keeps decoding to one)", self.traces)
         _, scalars, geometries = statics
         inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
         views, st = iter(inputs), iter(scalars)
@@ -150,9 +151,9 @@ class GraphProgram:
             result, flags = self._run_graph(args, key)
         after = dispatch.op_counts()
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
-        storages, self._layouts[statics] = _output_layout(
-            [t._tpu_storage for t in inputs], arrays, result)
-        self._checks[statics] = [(op, checks) for _, op, checks in flags]
+        storages, layout = _output_layout([t._tpu_storage for t in inputs], arrays, result)
+        self._layouts[statics] = layout
+        self._outputs[statics] = (layout, [(op, checks) for _, op, checks in flags])
         log.debug("traced a graph of %d nodes: %d outputs, %d random ops, %d checks",
                   len(self.gm.graph.nodes), len(result), self.n_random, len(flags))
         return storages, [f for f, _, _ in flags]
@@ -254,18 +255,21 @@ def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
     if src is not None:
         return src
     if x.device.type == "cpu":      # 0-dim scalars, step counters: they ride along
-        t = _host(x)
-        return t._tpu_storage, _geometry(t)
+        return _host(x)
     raise RuntimeError(
         f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
         f"{x.dtype}, device {x.device}): only tpu and CPU tensors can be its inputs")
 
 
-def _host(t: torch.Tensor) -> TpuTensor:
-    """A CPU tensor as a tpu tensor over a host array (jit moves it with the call)."""
+def _host(t: torch.Tensor) -> tuple[Storage, tuple]:
+    """A CPU tensor as a storage over a host array (jit moves it with the call) and its
+    contiguous geometry; no tpu tensor is made (an optimizer has one step counter a parameter)."""
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
-        return wrap(to_jax(t), t.dtype)
-    return wrap(t.detach().numpy(), t.dtype)
+        array = to_jax(t)
+    else:
+        array = t.detach().numpy()
+    shape = tuple(t.shape)
+    return Storage(array), (shape, strided.contiguous_strides(shape), 0, t.dtype)
 
 
 @functools.cache

@@ -10,6 +10,9 @@ flush replays the recorded functions inside one ``jax.jit`` so XLA fuses across 
 programs are cached by their structure (which functions, wired how, on which shapes), so
 a training loop compiles once.
 
+With several tpu devices a recording holds one device's ops: an op on another device
+flushes it first, and the program runs on its device (``Program.index``).
+
 It sits under the storage layer: reading a view of a parameter is recorded too, so it
 fuses into the program that uses it.
 """
@@ -23,7 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from tpu_kernels import inflight
+from tpu_kernels import devices, inflight
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
@@ -31,10 +34,15 @@ MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
 
 class Lazy:
     """A value a recorded op will produce: its shape and dtype, and (after the flush) it."""
-    __slots__ = ("aval", "value", "program", "slot", "__weakref__")
+    __slots__ = ("aval", "value", "program", "slot", "index", "__weakref__")
 
     def __init__(self, aval: jax.ShapeDtypeStruct, program: "Program", slot: tuple) -> None:
         self.aval, self.value, self.program, self.slot = aval, None, program, slot
+        self.index = program.index
+
+    def devices(self) -> set:
+        """The device it will be on (as ``jax.Array.devices``): its program's."""
+        return {devices.jax_devices()[self.index]}
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
@@ -47,29 +55,41 @@ class Lazy:
             n *= d
         return n
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.aval.dtype.itemsize
+
     def __array__(self, dtype=None, copy=None):
         return np.asarray(concrete(self), dtype=dtype)
 
 
 class Program:
-    """One recording: nodes (function, argument references, output structure)."""
+    """One recording: nodes (function, argument references) and the program's inputs.
 
-    def __init__(self) -> None:
-        self.nodes: list[tuple[Callable, tuple, Any]] = []
+    A reference is an int (the index of an input) or a (node, output) pair. The nodes
+    and the inputs' shapes are kept as the recording grows, so at a flush the program's
+    structure is ready to look up (no walk over the nodes)."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index   # the tpu device it runs on
+        self.nodes: list[tuple[Callable, tuple]] = []
         self.inputs: list[Any] = []
+        self.input_avals: list[Any] = []
         self._input_ids: dict[int, int] = {}
         self.lazies: list[weakref.ref] = []
 
-    def ref(self, v: Any) -> tuple:
-        if type(v) is Lazy and v.value is None and v.program is self:
-            return ("node",) + v.slot
+    def ref(self, v: Any) -> Any:
         if type(v) is Lazy:
+            if v.value is None and v.program is self:
+                return v.slot
             v = concrete(v)
         key = id(v)
-        if key not in self._input_ids or not isinstance(v, (jax.Array, np.ndarray)):
-            self._input_ids[key] = len(self.inputs)
+        i = self._input_ids.get(key)
+        if i is None or not isinstance(v, (jax.Array, np.ndarray)):
+            i = self._input_ids[key] = len(self.inputs)
             self.inputs.append(v)
-        return ("in", self._input_ids[key])
+            self.input_avals.append(_aval_key(v))
+        return i
 
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
@@ -118,27 +138,51 @@ def _aval_key(v: Any) -> Any:
     return type(v)
 
 
-def record(fn: Callable, *args: Any) -> Any:
-    """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders."""
+def _device_of(args: tuple) -> int:
+    """The tpu device an op on ``args`` runs on: its first placed input's (a Lazy's or a
+    committed array's; a host scalar's copy is uncommitted and goes anywhere), else JAX's
+    default device (a factory on ``tpu:i`` runs under ``jax.default_device``)."""
+    for a in args:
+        if type(a) is Lazy:
+            return a.index
+        if isinstance(a, jax.Array) and a.committed:
+            return devices.index_of_array(a)
+    d = jax.config.jax_default_device
+    return 0 if d is None else devices.index_of_device(d)
+
+
+def out_spec(fn: Callable, args: Any) -> tuple:
+    """(output avals, treedef) of ``fn(*args)``, worked out once per function and argument
+    shapes; a caller that knows it already passes it to ``record``."""
+    key = (fn, tuple(_aval_key(a) for a in args))
+    hit = _AVALS.get(key)
+    if hit is None:
+        out = jax.eval_shape(fn, *(_aval(a) for a in args))
+        hit = _AVALS[key] = jax.tree.flatten(out)
+    return hit
+
+
+def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
+    """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders.
+    ``spec``: its ``out_spec``, when the caller knows it."""
     with _lock:
+        index = _device_of(args) if devices.several else 0
         prog = _STATE.program
+        if prog is not None and prog.index != index:   # one device's ops per program
+            flush()
+            prog = None
         if prog is None:
-            prog = _STATE.program = Program()
-        key = (fn, tuple(_aval_key(a) for a in args))
-        hit = _AVALS.get(key)
-        if hit is None:
-            out = jax.eval_shape(fn, *(_aval(a) for a in args))
-            hit = _AVALS[key] = jax.tree.flatten(out)
-        leaves, treedef = hit
-        refs = tuple(prog.ref(a) for a in args)
+            prog = _STATE.program = Program(index)
+        leaves, treedef = out_spec(fn, args) if spec is None else spec
         node = len(prog.nodes)
-        prog.nodes.append((fn, refs, treedef))
+        prog.nodes.append((fn, tuple([prog.ref(a) for a in args])))
         outs = []
+        lazies = prog.lazies
         for j, aval in enumerate(leaves):
             lazy = Lazy(aval, prog, (node, j))
-            prog.lazies.append(weakref.ref(lazy))
+            lazies.append(weakref.ref(lazy))
             outs.append(lazy)
-        full = len(prog.nodes) >= MAX_NODES
+        full = node + 1 >= MAX_NODES
     result = jax.tree.unflatten(treedef, outs)
     if full:
         flush()
@@ -168,25 +212,34 @@ def flush() -> None:
         prog, _STATE.program = _STATE.program, None
     if prog is None or not prog.nodes:
         return
-    live = [lz for lz in (r() for r in prog.lazies) if lz is not None]
-    wanted = tuple(lz.slot for lz in live)
-    key = (tuple((fn, refs) for fn, refs, _ in prog.nodes), wanted,
-           tuple(_aval_key(v) for v in prog.inputs))
+    live = [lz for lz in [r() for r in prog.lazies] if lz is not None]
+    wanted = tuple([lz.slot for lz in live])
+    key = (tuple(prog.nodes), wanted, tuple(prog.input_avals))
     run = _PROGRAMS.get(key)
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
         _STATE.compiles += 1
-    values = inflight.track(run(*prog.inputs))
+    values = inflight.track(_run_on(prog.index, run, prog.inputs))
     for lz, val in zip(live, values):
         lz.value = val
     _STATE.flushes += 1
 
 
+def _run_on(index: int, run: Callable, inputs: list) -> list:
+    """``run(*inputs)`` on tpu ``index``: its uncommitted inputs (host scalars' copies)
+    and an input-free program go there too, and its results stay there."""
+    if index == 0:
+        return run(*inputs)
+    dev = devices.jax_devices()[index]
+    with jax.default_device(dev):
+        return jax.device_put(run(*inputs), dev)
+
+
 def _replay(nodes: list, wanted: tuple) -> Callable:
     def program(*inputs):
         env: dict[tuple, Any] = {}
-        for i, (fn, refs, _) in enumerate(nodes):
-            args = [inputs[r[1]] if r[0] == "in" else env[(r[1], r[2])] for r in refs]
+        for i, (fn, refs) in enumerate(nodes):
+            args = [inputs[r] if type(r) is int else env[r] for r in refs]
             for j, leaf in enumerate(jax.tree.leaves(fn(*args))):
                 env[(i, j)] = leaf
         return [env[s] for s in wanted]

@@ -50,6 +50,13 @@ class LRU:
             pass
         return value
 
+    def touch(self, key: Any) -> None:
+        """Mark ``key`` recently used (a hit found through another index)."""
+        try:
+            self._data.move_to_end(key)
+        except KeyError:  # evicted meanwhile
+            pass
+
     def put(self, key: Any, value: Any) -> Any:
         with self._lock:
             self._data[key] = value

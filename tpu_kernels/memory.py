@@ -35,9 +35,11 @@ def nbytes(array: Any) -> int:
     return n if n is not None else int(array.size) * np.dtype(array.dtype).itemsize
 
 
-def allocate(index: int, array: Any) -> int:
-    """Count a new storage of ``array`` on device ``index``; its byte count (for ``free``)."""
-    n = nbytes(array)
+def allocate(index: int, array: Any, n: int | None = None) -> int:
+    """Count a new storage of ``array`` (``n`` bytes, computed when None) on device
+    ``index``; its byte count (for ``free``)."""
+    if n is None:
+        n = nbytes(array)
     with _lock:
         c = _current[index] = _current[index] + n
         if c > _peak[index]:

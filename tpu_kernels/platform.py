@@ -11,6 +11,7 @@ attached and the user named no platforms, JAX is told to start without the TPU b
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -39,3 +40,13 @@ def choose_platforms() -> str | None:
         if not xla_bridge._backends:
             sys.modules["jax"].config.update("jax_platforms", platforms)
     return platforms
+
+
+def dynamo_backend_installed() -> bool:
+    """True when this package's metadata names its torch.compile backend (the
+    ``torch_dynamo_backends`` entry point ``tpu``), so torch finds it without an import."""
+    try:
+        eps = importlib.metadata.distribution("tpu_kernels").entry_points
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(ep.group == "torch_dynamo_backends" and ep.name == "tpu" for ep in eps)

@@ -30,16 +30,23 @@ _SET = torch.ops.aten.set_.source_Storage_storage_offset
 _ADDRESSES = itertools.count(1)
 
 
-def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
-    """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
-    pointing back to ``t``."""
+def torch_storage(st: Storage, device: torch.device) -> torch.UntypedStorage:
+    """The memory-less torch storage standing for ``st``: a distinct fake address per
+    storage (nothing ever reads through it), the size of its array. Shadows are made over
+    it, and a tpu tensor's ``untyped_storage()`` is it (as on CUDA, views share it)."""
     # never empty: torch cannot resize an empty storage of a Python-registered device
     nbytes = max(st.numel, 1) * st.array.dtype.itemsize
     storage = st.shadow
     if storage is None or storage.nbytes() != nbytes:
-        # a distinct fake address per storage; nothing ever reads through it
         storage = st.shadow = torch._C._construct_storage_from_data_pointer(
-            next(_ADDRESSES) << 24, t.device, nbytes)
+            next(_ADDRESSES) << 24, device, nbytes)
+    return storage
+
+
+def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
+    """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
+    pointing back to ``t``."""
+    storage = torch_storage(st, t.device)
     s = torch._C._acc.create_empty_tensor((0,), t.dtype)
     # torch's CPU set_ only rewrites metadata: it never touches the (absent) memory
     _SET.redispatch(_CPU_KEYS, s, storage, t.storage_offset(), t.shape, t.stride())

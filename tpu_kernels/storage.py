@@ -28,12 +28,13 @@ class Storage:
     device holding it; ``nbytes``: what it counts in ``torch.tpu.memory_allocated``."""
     __slots__ = ("array", "version", "shadow", "index", "nbytes", "placement", "__weakref__")
 
-    def __init__(self, array: jax.Array, index: int | None = None) -> None:
+    def __init__(self, array: jax.Array, index: int | None = None, nbytes: int | None = None) -> None:
         self.array = array
         self.version = 0
         self.shadow = None   # a memory-less torch storage standing for it under torch.compile
         self.index = devices.index_of_array(array) if index is None else index
-        self.nbytes = memory.allocate(self.index, array)
+        # ``nbytes`` known (the dispatcher's hot path): a jax array's own is a Python property
+        self.nbytes = memory.allocate(self.index, array, nbytes)
         self.placement = None   # a sharding every write keeps (``place``), else None
 
     def __del__(self) -> None:

@@ -7,6 +7,7 @@ installs (``install_dispatch``): this layer knows nothing of routing.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import jax
@@ -19,7 +20,6 @@ from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
-DEVICE = torch.device("tpu", 0)
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
@@ -112,7 +112,8 @@ class TpuTensor(torch.Tensor):
         st = self._tpu_storage
         if st is None:
             return self._tpu_inner
-        key = (id(st), st.numel, self.dtype, tuple(self.shape), self.stride(), self.storage_offset())
+        # the array's shape, not its size: a Python property the guards would pay per input
+        key = (id(st), st.array.shape, self.dtype, self.shape, self.stride(), self.storage_offset())
         cached = self.__dict__.get("_tpu_shadow_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -150,6 +151,42 @@ class TpuTensor(torch.Tensor):
         if self.dim() == 0 and self._tpu_storage is not None:
             return self.item().__format__(spec)
         return object.__format__(self, spec)
+
+    # torch's storage of a tpu tensor (``untyped_storage()``) is a memory-less one of its
+    # own: torch.compile's fake tensors rely on that. An address is what code written for
+    # CUDA compares to find tensors sharing memory (safetensors, transformers' tied
+    # weights), so ``data_ptr()`` and ``storage()`` answer with a fake address, one per tpu
+    # storage and shared by its views (``shadow.torch_storage``); nothing reads through it.
+
+    def data_ptr(self) -> int:
+        """The fake address of its first element: its storage's plus the offset."""
+        st = self._tpu_storage
+        if st is None:
+            return super().data_ptr()
+        return shadow.torch_storage(st, self.device).data_ptr() + self.storage_offset() * self.element_size()
+
+    def storage(self) -> torch.TypedStorage:
+        """Its tpu storage's memory-less torch storage (fake address, real size)."""
+        st = self._tpu_storage
+        if st is None:
+            return super().storage()
+        return torch.TypedStorage(wrap_storage=shadow.torch_storage(st, self.device), dtype=self.dtype,
+                                  _internal=True)
+
+    def __deepcopy__(self, memo: dict) -> "TpuTensor":
+        """A clone, as torch deep-copies a memory-less wrapper subclass (torch tells one by a
+        ``data_ptr()`` of 0; this one has a fake address)."""
+        if id(self) in memo or not self.is_leaf or self._tpu_storage is None:
+            return super().__deepcopy__(memo)   # memo hit, or torch's error for a non-leaf
+        with torch.no_grad():
+            new = self.clone().requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for k, v in self.__dict__.items():
+            if not k.startswith("_tpu_"):
+                setattr(new, k, copy.deepcopy(v, memo))
+        return new
 
     def __reduce_ex__(self, proto):
         """Pickled as (storage, geometry): views of one storage share it again when loaded
@@ -224,11 +261,13 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
 
 
-def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype) -> TpuTensor:
+def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype, nbytes: int) -> TpuTensor:
     """``wrap`` for the hot path: ``array`` is known to have shape ``size`` (non-empty),
-    contiguous ``stride`` and torch dtype ``dtype``, so nothing is recomputed."""
-    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICE)
-    r._tpu_storage = Storage(array)
+    contiguous ``stride``, torch dtype ``dtype`` and ``nbytes`` bytes, so nothing is
+    recomputed."""
+    st = Storage(array, None, nbytes)
+    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICES[st.index])
+    r._tpu_storage = st
     r._tpu_direct = True
     r._tpu_cache = None
     return r
@@ -255,7 +294,7 @@ def value(t: TpuTensor) -> jax.Array:
 
 def _settle(v):
     """Outside deferred recording, a placeholder becomes its value."""
-    return v if recording() or type(v) is not Lazy else concrete(v)
+    return v if type(v) is not Lazy or recording() else concrete(v)
 
 
 def write(t: TpuTensor, new: jax.Array) -> None:

@@ -5,8 +5,8 @@ per-entry mods: the BlockMask's kv lists become tile tables (``pallas/flex_block
 the traced score_mod/mask_mod run inside the kernel body with each captured-tensor read
 fetched as a block (arranged here as [Ab, Ah, Aq, Ak] arrays), and the kernel's
 gradients of those reads are summed back into the captured tensors' shapes.
-``supports`` refuses, with the reason, what the kernel cannot take; the dense XLA impl
-then runs.
+``supports`` refuses, with the reason, what the kernel cannot take; the route then picks
+the dense XLA impl.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import functools
 import jax.numpy as jnp
 
 from tpu_kernels.registry.kernel_modules import kernel_module
-from tpu_kernels.registry.core import DEFAULT_PRIORITY, Impl
+from tpu_kernels.registry.core import DEFAULT_PRIORITY, REGISTRY, Impl
 from tpu_kernels.registry.xla.flex_attention import FLEX_BWD_HOP, FLEX_HOP, FlexSpec
 from tpu_kernels.registry.xla.flex_mods import SCORE_INDEX, Access, Mod
 
@@ -147,7 +147,7 @@ def pallas_backward(spec: FlexSpec, q, k, v, out, lse, dout, dlse, tables, score
     return dq, dk, dv, tuple(grads)
 
 
-PALLAS_FORWARD = Impl(FLEX_HOP, pallas_forward, "pallas", "flex_attention",
-                      supports=supports, priority=DEFAULT_PRIORITY["pallas"])
-PALLAS_BACKWARD = Impl(FLEX_BWD_HOP, pallas_backward, "pallas", "flex_attention_backward",
-                       supports=supports_backward, priority=DEFAULT_PRIORITY["pallas"])
+PALLAS_FORWARD = REGISTRY.add(Impl(FLEX_HOP, pallas_forward, "pallas", "flex_attention",
+                                   supports=supports, priority=DEFAULT_PRIORITY["pallas"]))
+PALLAS_BACKWARD = REGISTRY.add(Impl(FLEX_BWD_HOP, pallas_backward, "pallas", "flex_attention_backward",
+                                    supports=supports_backward, priority=DEFAULT_PRIORITY["pallas"]))

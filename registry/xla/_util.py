@@ -95,3 +95,12 @@ def meta_like(op_name: str, like: str) -> None:
     op = getattr(getattr(torch.ops.aten, name), overload or "default")
     pos = [a.name for a in op._schema.arguments].index(like)
     _META_LIB.impl(op_name, lambda *args, **kw: torch.empty_like(args[pos]), "Meta")
+
+
+def is_int(dt) -> bool:
+    """An integer or bool dtype."""
+    return jnp.issubdtype(dt, jnp.integer) or np.dtype(dt) == np.bool_
+
+
+def is_bool(dt) -> bool:
+    return np.dtype(dt) == np.bool_

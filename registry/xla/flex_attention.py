@@ -1,11 +1,12 @@
 """FlexAttention's XLA fallback: dense attention with the same score_mod and mask_mod.
 
-The flex_attention higher-order ops take callables, so their impls are not entries of
-the ATen op table: each impl is an ``Impl`` whose ``op`` is the HOP, called as
-``fn(spec, *arrays)`` with a hashable ``FlexSpec`` (shapes, mods, block-mask geometry)
-and checked with ``supports(spec)``. This module holds the spec and the dense impls,
-which close the impl list (the Pallas kernel, ``registry/bindings/flex_attention.py``,
-comes first). The math follows torch's CPU path (``pallas/reference/flex_attention.py``):
+The flex_attention higher-order ops take callables, so their impls see a static spec
+instead of the call's arguments: each impl is an ``Impl`` of the registry whose ``op`` is
+the HOP, called as ``fn(spec, *arrays)`` with a hashable ``FlexSpec`` (shapes, mods,
+block-mask geometry, built by ``spec_of``) and checked with ``supports(spec)``; the route
+picks one as for any op (``registry.which(torch.ops.higher_order.flex_attention, spec)``).
+This module holds the spec and the dense impls, which close the impl list (the Pallas
+kernel, ``registry/bindings/flex_attention.py``, comes first). The math follows torch's CPU path (``pallas/reference/flex_attention.py``):
 every entry's mask_mod decides (the block tables are only a hint), the backward is the
 vjp of the dense forward, including the captured tensors' gradients.
 """
@@ -16,11 +17,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import torch
 from torch._higher_order_ops.flex_attention import flex_attention as FLEX_HOP
 from torch._higher_order_ops.flex_attention import flex_attention_backward as FLEX_BWD_HOP
 
 from tpu_kernels.pallas.reference import flex_attention as dense
-from tpu_kernels.registry.core import DEFAULT_PRIORITY, Impl
+from tpu_kernels.registry.core import DEFAULT_PRIORITY, REGISTRY, Impl
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.xla import flex_mods
 from tpu_kernels.registry.xla.flex_mods import Mod
 
 Buffers = tuple    # per captured value: (shape, torch dtype) for a tensor, else the number
@@ -46,6 +50,29 @@ class FlexSpec:
     @property
     def n_kv_blocks(self) -> int:
         return max(1, -(-self.k_shape[2] // self.mask_block[1]))
+
+
+def _buffers(bufs) -> tuple:
+    """Captured values: (shape, dtype) per tensor, numbers as themselves."""
+    return tuple((tuple(b.shape), b.dtype) if isinstance(b, torch.Tensor) else b for b in bufs)
+
+
+def spec_of(q, k, v, score_mod, block_mask, scale, score_bufs, mask_bufs,
+            grads: tuple[bool, ...]) -> FlexSpec:
+    """The static description of a flex_attention call (its mods traced once per function):
+    the HOP's query, key, value, score_mod, block_mask tuple, scale and captured values,
+    as tensors of any device (meta included), and which score captures want gradients."""
+    sb, mb = _buffers(score_bufs), _buffers(mask_bufs)
+    score = flex_mods.lower(score_mod, "score", sb)
+    mask = flex_mods.lower(block_mask[-1], "mask", mb)
+    kv_num = block_mask[2]
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    return FlexSpec(
+        tuple(q.shape), tuple(k.shape), tuple(v.shape),
+        str(to_jax_dtype(q.dtype)) if len(dtypes) == 1 else "mixed", float(scale),
+        None if score.is_identity else score, None if mask.is_true else mask,
+        (int(block_mask[14]), int(block_mask[15])), tuple(kv_num.shape[:2]),
+        block_mask[4] is not None, sb, mb, grads)
 
 
 def _score_fn(spec: FlexSpec):
@@ -85,7 +112,7 @@ def backward(spec: FlexSpec, q, k, v, out, lse, dout, dlse, tables, score_bufs, 
     return dq, dk, dv, tuple(grads)
 
 
-XLA_FORWARD = Impl(FLEX_HOP, forward, "xla", "flex_attention_dense",
-                   priority=DEFAULT_PRIORITY["xla"])
-XLA_BACKWARD = Impl(FLEX_BWD_HOP, backward, "xla", "flex_attention_dense_backward",
-                    priority=DEFAULT_PRIORITY["xla"])
+XLA_FORWARD = REGISTRY.add(Impl(FLEX_HOP, forward, "xla", "flex_attention_dense",
+                                priority=DEFAULT_PRIORITY["xla"]))
+XLA_BACKWARD = REGISTRY.add(Impl(FLEX_BWD_HOP, backward, "xla", "flex_attention_dense_backward",
+                                 priority=DEFAULT_PRIORITY["xla"]))

@@ -1,4 +1,5 @@
-"""``_foreach_*`` lowerings: the elementwise math of elementwise.py mapped over tensor lists.
+"""``_foreach_*`` lowerings: the elementwise math of unary.py, arithmetic.py, binary.py
+and ternary.py mapped over tensor lists.
 
 Only the functional ops are registered; their in-place twins (``_foreach_add_`` ...,
 what the optimizers call) are derived by the dispatcher. One jitted call covers the whole
@@ -14,7 +15,7 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla import elementwise as ew
+from tpu_kernels.registry.xla import arithmetic, binary, ternary, unary
 from tpu_kernels.registry.xla._util import float_compute
 
 
@@ -50,7 +51,7 @@ def _unary(core: Callable) -> Callable:
 
 
 for _name in _UNARY:
-    xla(f"aten::_foreach_{_name}", name=f"_foreach_{_name}")(_unary(ew.unary_core(_name)))
+    xla(f"aten::_foreach_{_name}", name=f"_foreach_{_name}")(_unary(unary.unary_core(_name)))
 
 
 # -- binary: Scalar, List, ScalarList and Tensor overloads share one lowering -----------------------
@@ -65,17 +66,17 @@ def _no_alpha(core: Callable) -> Callable:
 
 
 def _clamp_min(x, lo, dt):
-    return ew.clamp_core(x, lo, None, dt)
+    return ternary.clamp_core(x, lo, None, dt)
 
 
 def _clamp_max(x, hi, dt):
-    return ew.clamp_core(x, None, hi, dt)
+    return ternary.clamp_core(x, None, hi, dt)
 
 
 _BINARY: dict[str, Callable] = {
-    "add": ew.add_core, "sub": ew.sub_core, "mul": _no_alpha(ew.mul_core),
-    "div": _no_alpha(ew.div_core), "pow": _no_alpha(ew.pow_core),
-    "maximum": _no_alpha(ew.binary_core("maximum")), "minimum": _no_alpha(ew.binary_core("minimum")),
+    "add": arithmetic.add_core, "sub": arithmetic.sub_core, "mul": _no_alpha(arithmetic.mul_core),
+    "div": _no_alpha(arithmetic.div_core), "pow": _no_alpha(arithmetic.pow_core),
+    "maximum": _no_alpha(binary.binary_core("maximum")), "minimum": _no_alpha(binary.binary_core("minimum")),
     # clamp_min/max are max/min with torch's clamp promotion (= the op's result dtype)
     "clamp_min": _no_alpha(_clamp_min), "clamp_max": _no_alpha(_clamp_max),
 }
@@ -87,7 +88,7 @@ for _name, _core in _BINARY.items():
 
 @xla("aten::_foreach_pow.ScalarAndTensor")
 def _foreach_pow_scalar_and_tensor(self, exponent):
-    return [ew.pow_core(self, e, out_dtype(i)) for i, e in enumerate(exponent)]
+    return [arithmetic.pow_core(self, e, out_dtype(i)) for i, e in enumerate(exponent)]
 
 
 # -- ternary ---------------------------------------------------------------------------------------
@@ -98,13 +99,13 @@ def _pointwise(core: Callable) -> Callable:
     return lower
 
 
-xla(*_overloads("_foreach_addcmul"), name="_foreach_addcmul")(_pointwise(ew.addcmul_core))
-xla(*_overloads("_foreach_addcdiv"), name="_foreach_addcdiv")(_pointwise(ew.addcdiv_core))
+xla(*_overloads("_foreach_addcmul"), name="_foreach_addcmul")(_pointwise(ternary.addcmul_core))
+xla(*_overloads("_foreach_addcdiv"), name="_foreach_addcdiv")(_pointwise(ternary.addcdiv_core))
 
 
 @xla(*_overloads("_foreach_lerp"))
 def _foreach_lerp(self, tensors1, weight):
-    return [ew.lerp_core(x, tensors1[i], _pick(weight, i), out_dtype(i)) for i, x in enumerate(self)]
+    return [ternary.lerp_core(x, tensors1[i], _pick(weight, i), out_dtype(i)) for i, x in enumerate(self)]
 
 
 # -- reductions, copies ------------------------------------------------------------------------------

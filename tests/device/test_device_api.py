@@ -3,12 +3,15 @@ torch.accelerator, pinned memory, channels_last (issue 20)."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import tpu_kernels  # noqa: F401
 from tpu_kernels.dispatch import cache_info
+from tpu_kernels.testing import assert_same
 
 
 def test_memory_counters_move_with_tensors():
@@ -149,3 +152,50 @@ def test_channels_last_answers_as_torch(make):
     torch.testing.assert_close((got * 2).cpu(), want * 2, rtol=0, atol=0)
     e = torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last)
     assert e.stride() == torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
+
+
+@pytest.mark.parametrize("layout", ["input", "weight", "neither"])
+def test_conv2d_result_layout_follows_torch(layout):
+    """A channels-last input or weight gives channels-last conv results (the output, and in
+    backward the input's gradient) as torch's CPU and CUDA convolutions do."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    if layout == "weight":
+        conv = conv.to(memory_format=torch.channels_last)
+    if layout == "input":
+        x = x.contiguous(memory_format=torch.channels_last)
+    tconv = torch.nn.Conv2d(3, 4, 3, padding=1).to("tpu", memory_format=torch.channels_last if layout == "weight"
+                                                   else torch.contiguous_format)
+    tconv.load_state_dict(conv.state_dict())
+    xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    want, got = conv(xc), tconv(xt)
+    assert got.stride() == want.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last) == want.is_contiguous(memory_format=torch.channels_last)
+    assert_same(want, got)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    assert xt.grad.stride() == xc.grad.stride()
+    assert_same(xc.grad, xt.grad)
+    assert_same(conv.weight.grad, tconv.weight.grad)
+
+
+def test_import_leaves_dynamo_to_the_first_compile():
+    """``import tpu_kernels`` loads neither Dynamo nor inductor (issue 20: import time);
+    torch.compile(backend="tpu") finds the backend through the package's entry point. An
+    install older than the entry point registers the backend at import instead (Dynamo
+    loaded), so ``torch.compile`` works either way."""
+    code = ("import sys, torch, tpu_kernels\n"
+            "from tpu_kernels import platform\n"
+            "print(platform.dynamo_backend_installed(), 'torch._dynamo' in sys.modules,"
+            " 'torch._inductor' in sys.modules)\n"
+            "f = torch.compile(lambda x: (x * 2).sum(), backend='tpu')\n"
+            "print(f(torch.ones(3, device='tpu')).item())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    installed, dynamo, inductor = out.stdout.split()[:3]
+    if installed == "True":
+        assert (dynamo, inductor) == ("False", "False"), out.stdout
+    else:
+        assert dynamo == "True", out.stdout
+    assert out.stdout.split()[3] == "6.0", out.stdout

@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention.flex_attention import _create_empty_block_mask, create_block_mask
 
 from tpu_kernels import aot
-from tpu_kernels.flex_attention import spec_of
+from tpu_kernels.registry.xla.flex_attention import spec_of
 from tpu_kernels.registry.bindings import flex_attention as binding
 from tpu_kernels.registry.dtypes import to_jax_dtype
 

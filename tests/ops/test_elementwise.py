@@ -1,4 +1,5 @@
-"""Parity of the elementwise lowerings (registry/xla/elementwise.py) with CPU torch."""
+"""Parity of the elementwise lowerings (registry/xla/unary.py, arithmetic.py, binary.py, comparison.py,
+ternary.py) with CPU torch."""
 from __future__ import annotations
 
 import pytest

@@ -19,6 +19,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from tpu_kernels import flex_attention as tpu_flex
 from tpu_kernels import registry
+from tpu_kernels.registry import Impl
+from tpu_kernels.registry.kinds import DEFAULT_PRIORITY
+from tpu_kernels.registry.xla.flex_attention import XLA_FORWARD, spec_of
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 GRAD_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=6e-2, rtol=6e-2)}
@@ -219,6 +222,60 @@ def test_flex_attention_matches_cpu(case: Case, impl: str):
     """``impl``: "xla" runs the dense impl alone; "pallas" enables the kernel (interpret
     mode), which takes the call unless the case expects its refusal."""
     _check(case, impl)
+
+
+# -- the one route answers for the flex_attention HOPs -----------------------------------------------
+FLEX = torch.ops.higher_order.flex_attention
+
+
+def _spec(k_dtype: torch.dtype = torch.float32):
+    """The spec of a causal, soft-capped call, from meta tensors (what ``which`` sees)."""
+    q = torch.empty(1, 2, 128, 64, device="meta")
+    k = torch.empty(1, 2, 128, 64, dtype=k_dtype, device="meta")
+    bm = create_block_mask(MASKS["causal"][0], None, None, 128, 128, device="cpu")
+    return spec_of(q, k, k, SCORES["softcap"][0], bm.as_tuple(), 0.125, (), (), ())
+
+
+def test_registry_impls_and_which_answer_for_flex_attention():
+    for op, names in ((FLEX, ["pallas:flex_attention", "xla:flex_attention_dense"]),
+                      ("higher_order::flex_attention_backward",
+                       ["pallas:flex_attention_backward", "xla:flex_attention_dense_backward"])):
+        assert [f"{i.kind}:{i.name}" for i in registry.impls(op)] == names
+    static = registry.route(FLEX)
+    assert static.kind == "impl" and static.impl is None   # the kernel's supports() decides per spec
+    with registry.interpret():
+        impl, skipped = registry.which(FLEX, _spec())
+        assert (impl.kind, skipped) == ("pallas", [])
+        impl, skipped = registry.which(FLEX, _spec(torch.bfloat16))   # the kernel refuses
+        assert impl.kind == "xla"
+        assert [(i.kind, why) for i, why in skipped] == [("pallas", "query, key and value dtypes differ")]
+    with registry.only("xla"):
+        impl, skipped = registry.which(FLEX, _spec())
+        assert impl.kind == "xla" and skipped[0][1] == "kind 'pallas' disabled"
+    with registry.only("user"):
+        refused = registry.route(FLEX, (_spec(),))
+        assert refused.kind == "refused" and refused.impl is None
+        msg = str(refused.error())
+        assert "higher_order::flex_attention has no implementation" in msg and "kind 'xla' disabled" in msg
+
+
+def test_flex_path_runs_the_impl_the_route_picks():
+    """A user impl of the HOP, above the built-in ones, takes eager calls on tpu tensors."""
+    specs = []
+
+    def counted(spec, *arrays):
+        specs.append(spec)
+        return XLA_FORWARD.fn(spec, *arrays)
+    user = registry.REGISTRY.add(Impl(FLEX, counted, "user", "counted", priority=DEFAULT_PRIORITY["user"]))
+    try:
+        q = torch.randn(1, 1, 128, 16, generator=torch.Generator().manual_seed(0))
+        before = tpu_flex.RUNS[("flex_attention", "user")]
+        out = flex_attention(q.to("tpu"), q.to("tpu"), q.to("tpu"))
+        assert tpu_flex.RUNS[("flex_attention", "user")] == before + 1 and specs[-1].q_shape == (1, 1, 128, 16)
+        torch.testing.assert_close(out.cpu(), flex_attention(q, q, q), **TOL[torch.float32])
+    finally:
+        registry.REGISTRY.remove(user)
+    assert registry.impls(FLEX)[0].kind == "pallas"
 
 
 def test_compiled_training_step_matches_eager():

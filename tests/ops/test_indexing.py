@@ -1,4 +1,5 @@
-"""Parity tests for the indexing lowerings (registry/xla/indexing.py)."""
+"""Parity tests for the indexing lowerings (registry/xla/gather_scatter.py,
+advanced_indexing.py, masks.py, embedding.py)."""
 from __future__ import annotations
 
 import pytest

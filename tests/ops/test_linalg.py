@@ -1,4 +1,4 @@
-"""Parity of the matmul-family and linear-algebra lowerings (registry/xla/linalg.py)."""
+"""Parity of the matmul-family and linear-algebra lowerings (registry/xla/matmul.py, linalg.py)."""
 from __future__ import annotations
 
 import pytest
@@ -94,7 +94,7 @@ def test_float32_matmul_precision_is_keyed():
     """Each precision setting lowers with its jax precision (the dispatch cache keys on it)."""
     import jax
     import jax.numpy as jnp
-    from tpu_kernels.registry.xla import linalg
+    from tpu_kernels.registry.xla import matmul
     a, b = _rand(8, 16), _rand(16, 8, seed=1)
     old = torch.get_float32_matmul_precision()
     want = {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH,
@@ -102,8 +102,8 @@ def test_float32_matmul_precision_is_keyed():
     try:
         for p, prec in want.items():
             torch.set_float32_matmul_precision(p)
-            assert linalg._precision(jnp.dtype(jnp.float32)) == prec
-            assert linalg._precision(jnp.dtype(jnp.float64)) == jax.lax.Precision.HIGHEST
+            assert matmul._precision(jnp.dtype(jnp.float32)) == prec
+            assert matmul._precision(jnp.dtype(jnp.float64)) == jax.lax.Precision.HIGHEST
             if p == "highest":
                 check(torch.mm, a, b)
             else:  # runs (a fresh trace per setting); on TPU these use bf16 passes

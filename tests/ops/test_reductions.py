@@ -1,4 +1,5 @@
-"""Parity of the reduction and scan lowerings (registry/xla/reductions.py) with CPU torch."""
+"""Parity of the reduction and scan lowerings (registry/xla/reductions.py, moments.py,
+norms.py, order_stats.py, scans.py) with CPU torch."""
 from __future__ import annotations
 
 import pytest

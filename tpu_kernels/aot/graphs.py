@@ -20,6 +20,7 @@ from torch import nn
 
 from tpu_kernels import graph_patterns
 from tpu_kernels.graph_program import GraphProgram
+from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.tensor import Storage, TpuTensor
 

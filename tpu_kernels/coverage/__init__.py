@@ -1,7 +1,8 @@
 """``python -m tpu_kernels coverage``: which target ops run on tpu, by what, how well, how fast.
 
 Built from the live registry, not a hand-kept list: every overload of the target list
-(``aten_targets.tsv`` here, tiers 1-3) plus every declared custom op, with its impls by
+(``aten_targets.tsv`` here, tiers 1-3) plus every declared custom op and every higher-order
+op with impls (``flex_attention`` and its backward, tier "hop"), with its impls by
 kind, the kind that runs (``registry.route``), the impl picked for a typical input (built
 from the op's schema and validated by torch's meta kernel; "n/a" when none can be built),
 the parity status of the last parity run, whether its kernels compile for v5e / v6e /

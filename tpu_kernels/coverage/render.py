@@ -5,20 +5,21 @@ import base64
 import html
 import io
 
-from tpu_kernels.coverage.targets import IMPL_KINDS, ORDER, TIERS
+from tpu_kernels.coverage.targets import EXTRA_TIERS, IMPL_KINDS, ORDER, TIERS
 
 def totals_line(rep: dict) -> str:
     t = rep["totals"]
     pct = 100 * t["targets_covered"] / max(t["targets"], 1)
     tiers = ", ".join(f"tier {k} {v['covered']}/{v['total']}" for k, v in sorted(t["tiers"].items())
-                      if k != "custom")
+                      if k not in EXTRA_TIERS)
     kk = t["kernels_by_kind"]
     p = t["parity"]
     par = ("no parity run recorded" if not p["recorded"] else
            f"parity {p['passed']}/{p['tested']} ops pass ({100 * p['rate']:.0f}%)" if p["tested"]
            else "parity: no op tested")
     return (f"coverage: {t['targets_covered']}/{t['targets']} target overloads ({pct:.1f}%; {tiers}); "
-            f"{t['custom_ops']} custom ops; impls: pallas {kk['pallas']}, helion {kk['helion']}, "
+            f"{t['custom_ops']} custom ops, {t.get('higher_order_ops', 0)} higher-order ops; "
+            f"impls: pallas {kk['pallas']}, helion {kk['helion']}, "
             f"user {kk['user']}, xla {kk['xla']}; {par}; gap {t['gap']}")
 
 
@@ -135,6 +136,9 @@ _COLORS = {"user": "#9467bd", "pallas": "#d62728", "helion": "#ff7f0e", "xla": "
            "runtime": "#17becf", "decomp": "#bcbd22", "none": "#cccccc"}
 
 
+_TIER_LABELS = {"custom": "custom ops", "hop": "higher-order ops"}
+
+
 def chart_png(rep: dict) -> bytes:
     """Stacked bars: per tier, overloads by the best impl kind they have."""
     import matplotlib
@@ -145,7 +149,7 @@ def chart_png(rep: dict) -> bytes:
     bottom = [0] * len(tiers)
     for kind in ORDER:
         vals = [rep["totals"]["tiers"][t]["by_kind"][kind] for t in tiers]
-        ax.bar([f"tier {t}" if t != "custom" else "custom ops" for t in tiers], vals, bottom=bottom,
+        ax.bar([_TIER_LABELS.get(t, f"tier {t}") for t in tiers], vals, bottom=bottom,
                label=kind, color=_COLORS[kind])
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("op overloads")

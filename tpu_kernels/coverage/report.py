@@ -1,6 +1,7 @@
-"""The coverage report as data: one row per target overload and custom op (the route it
-takes, the impl picked for a typical input here and on a TPU, parity, whether its kernels
-compile for v5e / v6e / v7x, speed), the totals, and the state of the results files it read."""
+"""The coverage report as data: one row per target overload, custom op and higher-order op
+with impls (flex_attention, tier "hop"): the route it takes, the impl picked for a typical
+input here and on a TPU, parity, whether its kernels compile for v5e / v6e / v7x, speed;
+the totals, and the state of the results files it read."""
 from __future__ import annotations
 
 import datetime
@@ -18,11 +19,11 @@ from tpu_kernels.coverage.inputs import pick, typical_input
 from tpu_kernels.coverage.results import (RESULTS_DIR, bench_speed, file_state, load_json, parity_status,
                                           registry_changed)
 from tpu_kernels.coverage import won_by as won_by_column
-from tpu_kernels.coverage.targets import IMPL_KINDS, ORDER, TIERS, classify, load_targets
+from tpu_kernels.coverage.targets import EXTRA_TIERS, IMPL_KINDS, ORDER, TIERS, classify, load_targets
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.custom_ops import DECLARED
 from tpu_kernels.registry.kinds import KERNEL_KINDS
-from tpu_kernels.registry.opnames import overload_or_none
+from tpu_kernels.registry.opnames import is_hop, lookup_op, op_name, overload_or_none
 
 FORMAT = 1
 PARITY_STATES = ("pass", "fail", "known_failure", "untested", "not run", "no run")
@@ -64,18 +65,20 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         name = str(custom.op)
         if name not in target_names:
             entries.append((name, "custom", None))
+    entries += [(op_name(hop).replace("::", "."), "hop", None) for hop in REGISTRY.higher_order_ops()]
     rows = []
     start = time.perf_counter()
     for i, (name, tier, models) in enumerate(entries):
         progress(f"coverage: [{i + 1}/{len(entries)}] {name} ({time.perf_counter() - start:.0f}s)")
-        op = overload_or_none(name)
+        op = lookup_op(name) if tier == "hop" else overload_or_none(name)
         row: dict[str, Any] = {"op": name, "tier": tier, "models": models}
         if op is None:
             row.update(kinds={}, best="none", covered=False, note="overload not in this torch build",
                        input="n/a", pick="n/a", pick_tpu="n/a")
         else:
             info = classify(op)
-            inp = typical_input(op) if info["best"] not in ("none", "runtime") else None
+            # a higher-order op's impls see a spec built from callables: no typical input
+            inp = typical_input(op) if info["best"] not in ("none", "runtime") and not is_hop(op) else None
             runtime = info["best"] == "runtime"
             row.update(kinds=info["kinds"], best=info["best"], covered=info["covered"], note=info["note"],
                        input=inp[2] if inp else "n/a",
@@ -86,7 +89,7 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         kernel_impls = [k for k in KERNEL_KINDS if k in row["kinds"]]
         if not kernel_impls:
             row["export"] = "-"
-        elif do_export_check and op is not None and (not export_ops or export_ops in name):
+        elif do_export_check and op is not None and not is_hop(op) and (not export_ops or export_ops in name):
             export_new[name] = export_check(op, progress)
             row["export"] = export_text(export_new[name])
             row["export_detail"] = export_detail(export_new[name])
@@ -113,7 +116,7 @@ def build(*, results_dir: str = RESULTS_DIR, do_export_check: bool = False,
         "export": file_state("export", export_path, export, (export or {}).get("date"), changed),
     }
     kernels: dict[str, int] = {}
-    for op in REGISTRY.ops():
+    for op in REGISTRY.ops() + REGISTRY.higher_order_ops():
         for impl in REGISTRY.impls(op):
             kernels[impl.kind] = kernels.get(impl.kind, 0) + 1
     return {"format": FORMAT, "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -130,7 +133,7 @@ def totals(rows: list[dict], kernels: dict[str, int], have_parity: bool) -> dict
         t["total"] += 1
         t["covered"] += r["covered"]
         t["by_kind"][r["best"]] += 1
-    targets = [r for r in rows if r["tier"] != "custom"]
+    targets = [r for r in rows if r["tier"] not in EXTRA_TIERS]
     tested = [r for r in rows if r["parity"] in ("pass", "fail", "known_failure")]
     passed = sum(r["parity"] == "pass" for r in tested)
     return {
@@ -138,6 +141,7 @@ def totals(rows: list[dict], kernels: dict[str, int], have_parity: bool) -> dict
         "targets": len(targets), "targets_covered": sum(r["covered"] for r in targets),
         "gap": len(targets) - sum(r["covered"] for r in targets),
         "custom_ops": sum(r["tier"] == "custom" for r in rows),
+        "higher_order_ops": sum(r["tier"] == "hop" for r in rows),
         "kernels_by_kind": {k: kernels.get(k, 0) for k in IMPL_KINDS},
         "parity": {"recorded": have_parity, "tested": len(tested), "passed": passed,
                    "rate": passed / len(tested) if tested else None},

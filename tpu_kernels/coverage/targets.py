@@ -16,7 +16,8 @@ TARGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aten_targets
 # The kinds the report ranks, best first: what runs (never the CPU fallback), then "none".
 ORDER = tuple(k for k in KINDS if k != "cpu") + ("none",)
 IMPL_KINDS = tuple(k for k in KINDS if k not in ("runtime", "decomp", "cpu"))   # counted as kernels
-TIERS = ("1", "2", "3", "custom")
+TIERS = ("1", "2", "3", "custom", "hop")   # hop: higher-order ops with impls (flex_attention)
+EXTRA_TIERS = ("custom", "hop")            # rows beside the target list (not counted as targets)
 
 
 def load_targets(path: str = TARGETS) -> list[dict]:

@@ -36,7 +36,9 @@ register_runtime_rule(VIEW_RULE, lambda op: op.is_view, run_view)
 # Dynamo must never trace the runtime itself (it would trace into JAX), so under
 # torch.compile each tpu op runs here eagerly, as a graph break. Outside torch.compile no
 # frame callback is set and the op skips the guard's cost (about 1 us a call).
-_guarded_run = torch._dynamo.disable(run, recursive=True)
+# torch._disable_dynamo is torch's own lazy torch._dynamo.disable: Dynamo is imported at
+# the first guarded call (when torch.compile has loaded it anyway), not with this package.
+_guarded_run = torch._disable_dynamo(run, recursive=True)
 _frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from tpu_kernels import strided
@@ -15,6 +16,7 @@ from tpu_kernels.dispatch.memory import guard_memory
 from tpu_kernels.dispatch.meta import meta_args, meta_call, meta_result, out_metas
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.registry import Route
+from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.registry.opnames import functional_twin
 from tpu_kernels.registry.route import call_route
 
@@ -47,13 +49,14 @@ def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
 
 def _single_out(plan: OpPlan, result_meta) -> tuple | None:
     """The geometry of an op's one returned tensor when eager wraps it as is (see
-    ``results.finish``); None for every other kind of return."""
+    ``results.finish``): (sizes, strides, dtype, bytes); None for every other kind of return."""
     if plan.mutated or not isinstance(result_meta, torch.Tensor) or result_meta.numel() == 0:
         return None
     size, stride = tuple(result_meta.shape), strided.contiguous_strides(tuple(result_meta.shape))
     if tuple(result_meta.stride()) != stride:   # kept in torch's layout (results.wrap_result)
         return None
-    return size, stride, result_meta.dtype
+    nbytes = result_meta.numel() * np.dtype(to_jax_dtype(result_meta.dtype)).itemsize
+    return size, stride, result_meta.dtype, nbytes
 
 
 def _log(r: Route) -> None:

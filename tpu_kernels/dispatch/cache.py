@@ -23,8 +23,9 @@ class CompiledCall:
     write_dtypes: list              # for mutated args: torch dtype to write, per leaf
     calls: int = 0
     torch_fn: Callable[..., Any] | None = None   # decomposition / CPU fallback (torch land)
-    # one non-empty tensor returned, nothing written: its (sizes, contiguous strides, dtype)
+    # one non-empty tensor returned, nothing written: its (sizes, contiguous strides, dtype, bytes)
     single_out: tuple | None = None
+    lazy_spec: tuple | None = None   # the jitted function's output structure (lazy.out_spec)
 
 
 _RETIRED: dict[tuple[str, str], int] = {}   # calls of evicted entries, for op_counts
@@ -33,16 +34,24 @@ _RETIRED: dict[tuple[str, str], int] = {}   # calls of evicted entries, for op_c
 def _retire(key: Any, compiled: CompiledCall) -> None:
     k = (str(compiled.plan.op), compiled.impl.kind)
     _RETIRED[k] = _RETIRED.get(k, 0) + compiled.calls
+    FAST.clear()   # it may index the evicted entry; calls fill it again
 
 
 CALLS = LRU(on_evict=_retire)   # call signature -> CompiledCall (a compiled executable): bounded
+# the hot path's index into CALLS for calls of positional tensors and numbers only:
+# (op state, mode token, each argument's geometry) ->
+#     (CompiledCall, positions of its leaves, its key in CALLS, the CALLS it is in)
+FAST: dict[tuple, tuple] = {}
 VIEWS = LRU()                   # view signature -> torch's meta result
 TRACES: dict[Any, int] = {}     # op -> number of times an impl was traced for it
 
 
 def mode_token() -> tuple:
     """Settings read while an op is traced: part of every cache key, so changing one retraces."""
-    return (REGISTRY.epoch, torch.get_float32_matmul_precision(), INDEX_CHECKS.on)
+    return (REGISTRY.epoch, _matmul_precision(), INDEX_CHECKS.on)
+
+
+_matmul_precision = torch._C._get_float32_matmul_precision   # torch.get_float32_matmul_precision, one frame less
 
 
 def op_counts() -> dict[tuple[str, str], int]:
@@ -61,6 +70,7 @@ def cache_info() -> dict[str, Any]:
 
 def clear_cache() -> None:
     CALLS.clear()
+    FAST.clear()
     _RETIRED.clear()
     VIEWS.clear()
     TRACES.clear()

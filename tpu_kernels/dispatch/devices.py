@@ -12,7 +12,9 @@ propagation apply them):
   family); they are copied to the device;
 - a ``_foreach_*`` op's ``scalars`` is a CPU tensor list by its contract;
 - any other CPU tensor (``index_select``/``gather`` indices, a CPU operand of ``mm`` or a
-  non-0-dim ``add``) raises torch's "Expected all tensors to be on the same device".
+  non-0-dim ``add``) raises torch's "Expected all tensors to be on the same device";
+- so do tpu tensors on two tpu devices (``a_tpu0 + b_tpu1``): JAX would quietly move one
+  (``same_device``, asked only when the process has several tpu devices).
 
 ``tensor_split``'s tensor ``indices_or_sections`` is a CPU tensor by its own contract
 (torch raises for a device tensor); its CompositeImplicit kernel reads it before any tpu
@@ -23,6 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
+
+from tpu_kernels.tensor import TpuTensor
 
 aten = torch.ops.aten
 
@@ -47,11 +52,26 @@ def cpu_arg_allowed(op: Any, name: str, t: torch.Tensor) -> bool:
     return t.dim() == 0 and op not in NO_CPU_SCALAR
 
 
-def device_error(op: Any, t: torch.Tensor) -> RuntimeError:
-    """torch's error for a tensor on another device."""
+def device_error(op: Any, t: torch.Tensor, call: Any = ()) -> RuntimeError:
+    """torch's error for a tensor ``t`` on another device than the call's first tpu tensor
+    (the device torch's TensorIterator takes as the common one)."""
+    first = next((x for x in tree_leaves(call) if isinstance(x, TpuTensor)), None)
+    common = first.device if first is not None else torch.device("tpu", 0)
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"tpu:0 and {t.device}! (when checking arguments for {op})")
+        f"{common} and {t.device}! (when checking arguments for {op})")
+
+
+def same_device(op: Any, leaves: list, call: Any) -> None:
+    """Raise torch's error if the tpu tensors among a call's ``leaves`` are on two devices."""
+    index = None
+    for v in leaves:
+        if isinstance(v, TpuTensor):
+            i = v._tpu_storage.index
+            if index is None:
+                index = i
+            elif i != index:
+                raise device_error(op, v, call)
 
 
 def meta_of_cpu(t: torch.Tensor) -> torch.Tensor:

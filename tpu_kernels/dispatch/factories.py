@@ -33,7 +33,8 @@ def _factory_kernel(op, *args, **kwargs):
         with jax.default_device(dev):   # made on tpu:i (its storage says so) ...
             out = run(op, args, kwargs)
         st = out._tpu_storage           # ... and kept there: later ops run where it is
-        st.array = jax.device_put(st.array, dev)
+        if isinstance(st.array, jax.Array):   # (deferred: its program runs there)
+            st.array = jax.device_put(st.array, dev)
     fmt = kwargs.get("memory_format")
     return out if fmt is None else laid_out(out, out, fmt)
 

@@ -17,6 +17,18 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
+# Builders that may run a graph's program another way (tpu_kernels.distributed: a graph
+# with collectives becomes one program over every rank's device): hook(gm, trace) returns
+# the jitted callable, or None to leave the graph to the plain jax.jit. Kept here, not in
+# graph_program (which loads torch's symbolic shapes), so registering one costs nothing.
+PROGRAM_HOOKS: list = []
+
+
+def register_program_hook(hook) -> None:
+    """Add ``hook(gm, trace) -> callable | None`` (see ``PROGRAM_HOOKS``)."""
+    if hook not in PROGRAM_HOOKS:
+        PROGRAM_HOOKS.append(hook)
+
 
 @dataclasses.dataclass
 class GraphTrace:
@@ -35,17 +47,21 @@ class GraphTrace:
         self.checks.append((flags, op, checks))
 
 
-_local = threading.local()
+class _Local(threading.local):
+    trace: GraphTrace | None = None   # a class default: no AttributeError on eager's hot path
+
+
+_local = _Local()
 
 
 def active() -> GraphTrace | None:
     """The graph trace this thread is in, or None (eager)."""
-    return getattr(_local, "trace", None)
+    return _local.trace
 
 
 @contextlib.contextmanager
 def tracing(trace: GraphTrace) -> Iterator[GraphTrace]:
-    old = getattr(_local, "trace", None)
+    old = _local.trace
     _local.trace = trace
     try:
         yield trace

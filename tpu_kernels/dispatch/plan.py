@@ -24,7 +24,7 @@ class _Slot:
 SLOT = _Slot()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)   # hashed by identity: one plan per op, a cheap cache key
 class OpPlan:
     op: OpOverload
     pos_kinds: list[str]

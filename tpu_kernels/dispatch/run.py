@@ -13,41 +13,110 @@ from typing import Any, Callable
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import errors, inflight, lazy, random_state
+from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, mode_token
+from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.meta import cpu_error
-from tpu_kernels.dispatch.plan import op_plan
+from tpu_kernels.dispatch.plan import SCALAR, SLOT, TENSOR, op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.route import runtime_route
+from tpu_kernels.tensor import TpuTensor, read, wrap_known
 
-_HANDLERS: dict[Any, tuple[int, Callable | None]] = {}   # op -> (registry epoch, its runtime handler)
+class _OpState:
+    """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
+    one registry epoch."""
+    __slots__ = ("op", "epoch", "handler", "plan", "kinds")
+
+    def __init__(self, op: OpOverload) -> None:
+        r = runtime_route(op)
+        self.op, self.epoch = op, REGISTRY.epoch
+        self.handler = r.impl.fn if r is not None else None
+        self.plan = op_plan(op)
+        self.kinds = self.plan.pos_kinds
+
+
+_OPS: dict[int, _OpState] = {}   # id(op) -> its state (OpOverload hashes in Python: slow)
+
+
+def _state(op: OpOverload) -> _OpState:
+    s = _OPS.get(id(op))
+    if s is None or s.op is not op or s.epoch != REGISTRY.epoch:
+        s = _OPS[id(op)] = _OpState(op)
+    return s
 
 
 def _handler(op: OpOverload) -> Callable | None:
-    hit = _HANDLERS.get(op)
-    if hit is not None and hit[0] == REGISTRY.epoch:
-        return hit[1]
-    r = runtime_route(op)
-    fn = r.impl.fn if r is not None else None
-    _HANDLERS[op] = (REGISTRY.epoch, fn)
-    return fn
+    return _state(op).handler
 
 
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
     if errors.pending() and not errors.on_worker_thread():
         errors.raise_pending()
-    handler = _handler(op)
-    if handler is not None:
-        return handler(op, args, kwargs)
+    s = _OPS.get(id(op))
+    if s is None or s.op is not op or s.epoch != REGISTRY.epoch:
+        s = _state(op)
+    if s.handler is not None:
+        return s.handler(op, args, kwargs)
+    if not kwargs and not devices.several:   # (its key does not hold the tensors' devices)
+        hit = cache.FAST.get(fast_key(s, args))
+        calls = cache.CALLS
+        if hit is not None and hit[3] is calls:   # seen before: straight to the executable
+            compiled, pos, ckey, _ = hit
+            compiled.calls += 1
+            calls.hits += 1
+            if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
+                calls.touch(ckey)
+            return _run_known(op, compiled, [read(args[i]) if type(args[i]) is TpuTensor else args[i]
+                                             for i in pos], args)
     return run_call(op, args, kwargs)
 
 
-def _torch_error(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:
+def _run_known(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple) -> Any:
+    """``execute`` then ``finish`` for a FAST hit, one plain result wrapped directly."""
+    single = compiled.single_out
+    if single is None or graph_trace.active() is not None:
+        return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
+    return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
+
+
+def fast_key(s: _OpState, args: tuple) -> tuple | None:
+    """The FAST key of a call of positional tpu tensors and numbers: two entries per
+    argument (a tensor's sizes and dtype; a number's type and, where ``split`` does not
+    make it a leaf, its value); None for any other call. Equal keys mean equal
+    ``lookup`` keys."""
+    key = [s, *mode_token()]
+    for a, kind in zip(args, s.kinds):
+        t = type(a)
+        if t is TpuTensor and kind == TENSOR:
+            key += (a.shape, a.dtype)
+        elif t is float or t is int or t is bool:
+            key += (t, SLOT if kind == TENSOR or kind == SCALAR else a)
+        elif a is None:
+            key += (None, None)
+        else:
+            return None
+    return tuple(key)
+
+
+def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple) -> None:
+    """Index ``compiled`` in FAST under this call's fast key, when the hot path can run it:
+    a jitted impl that reads no scalar's value and draws no random key."""
+    impl = compiled.impl
+    if impl.static or impl.random or impl.data_dependent:
+        return
+    s = _state(op)
+    key = fast_key(s, args)
+    if key is not None:
+        pos = tuple(i for i, (a, k) in enumerate(zip(args, s.kinds)) if a is not None and k in (TENSOR, SCALAR))
+        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS)
+
+
+def _translated(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:
     """What a failed call raises, in torch's words: out of memory as torch's
     ``OutOfMemoryError``; arguments an impl refused while tracing (a check torch's meta
     function does not make) with torch's CPU kernel's error for the same call."""
@@ -62,18 +131,23 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run one call through its signature's ``CompiledCall`` (the route after runtime
     handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
     refusal). A runtime handler hands calls it does not take itself on to here."""
-    compiled, sp = lookup(op, args, kwargs)
+    compiled, sp, ckey = lookup(op, args, kwargs)
+    if devices.several:   # JAX would move an operand on another tpu device: torch raises
+        same_device(op, sp.leaves, (args, kwargs))
     compiled.calls += 1
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
+    if not kwargs:
+        _remember(op, compiled, args, ckey)
     return finish(compiled, args, kwargs, execute(op, compiled, leaves(compiled, sp, kwargs), args, kwargs))
 
 
-def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Split]:
-    """The call's ``CompiledCall`` (built on its signature's first call) and its split."""
+def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Split, tuple]:
+    """The call's ``CompiledCall`` (built on its signature's first call), its split, and
+    its key in ``cache.CALLS``."""
     plan = op_plan(op)
     sp, targs, tkw = split(plan, args, kwargs)
-    key = (op, targs, tkw, tuple(sp.sig), mode_token())
+    key = (plan, targs, tkw, tuple(sp.sig), mode_token())
     calls = cache.CALLS
     compiled = calls.get(key)
     if compiled is None:
@@ -82,7 +156,7 @@ def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Spl
         sp, targs, tkw = split(plan, args, kwargs, compiled.impl.static)
         key = (key, targs, tkw)
         compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw))
-    return compiled, sp
+    return compiled, sp, key
 
 
 def leaves(compiled: CompiledCall, sp: Split, kwargs: dict) -> list:
@@ -100,9 +174,15 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
         return compiled.fn(*[lazy.concrete(d) for d in dyn])
     try:
-        out, flags = lazy.record(compiled.fn, *dyn) if lazy.recording() else inflight.track(compiled.fn(*dyn))
+        if lazy.recording():   # the output structure is the signature's: worked out once
+            spec = compiled.lazy_spec
+            if spec is None:
+                spec = compiled.lazy_spec = lazy.out_spec(compiled.fn, dyn)
+            out, flags = lazy.record(compiled.fn, *dyn, spec=spec)
+        else:
+            out, flags = inflight.track(compiled.fn(*dyn))
     except Exception as exc:
-        err = _torch_error(op, args, kwargs, exc)
+        err = _translated(op, args, kwargs, exc)
         if err is exc:
             raise
         raise err from exc

@@ -20,6 +20,13 @@ def freeze(v: Any) -> Any:
     return v
 
 
+class _Foreign(Exception):
+    """A CPU tensor torch does not let the op take (raised as torch's error by ``split``)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 class Split:
     """A call split into a hashable template and its dynamic leaves."""
     __slots__ = ("leaves", "sig", "op", "static_scalars")
@@ -41,7 +48,7 @@ class Split:
             if isinstance(v, torch.Tensor):
                 # a CPU tensor where torch lets a CUDA op take one (devices.py: the rule)
                 if not cpu_arg_allowed(self.op, name, v):
-                    raise device_error(self.op, v)
+                    raise _Foreign(v)
                 self.leaves.append(v)
                 self.sig.append(("cpu", v.shape, v.dtype))
                 return SLOT
@@ -65,15 +72,18 @@ def split(plan: OpPlan, args: tuple, kwargs: dict, static_scalars: tuple[str, ..
     s = Split(plan.op, static_scalars)
     kinds, names = plan.pos_kinds, plan.names
     targs = []
-    for i, a in enumerate(args):
-        if type(a) is TpuTensor and kinds[i] == TENSOR:   # the common case, inlined
-            s.leaves.append(a)
-            s.sig.append((a.shape, a.dtype))
-            targs.append(SLOT)
-        else:
-            targs.append(s.conv(kinds[i], names[i], a))
-    targs = tuple(targs)
-    tkw = tuple((k, s.conv(plan.kw_kinds.get(k, STATIC), k, v)) for k, v in kwargs.items())
+    try:
+        for i, a in enumerate(args):
+            if type(a) is TpuTensor and kinds[i] == TENSOR:   # the common case, inlined
+                s.leaves.append(a)
+                s.sig.append((a.shape, a.dtype))
+                targs.append(SLOT)
+            else:
+                targs.append(s.conv(kinds[i], names[i], a))
+        targs = tuple(targs)
+        tkw = tuple((k, s.conv(plan.kw_kinds.get(k, STATIC), k, v)) for k, v in kwargs.items())
+    except _Foreign as exc:   # torch's message names the call's tpu device: found here
+        raise device_error(plan.op, exc.tensor, (args, kwargs)) from None
     return s, targs, tkw
 
 

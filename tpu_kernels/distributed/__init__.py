@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from tpu_kernels import dispatch, graph_program
+from tpu_kernels import dispatch
+from tpu_kernels.dispatch.graph_trace import register_program_hook
 from tpu_kernels.distributed import backend, compiled
 
 BACKEND = "tpu"
@@ -31,5 +32,5 @@ def install() -> None:
         return
     for op, fn in backend.handlers().items():
         dispatch.register_runtime(op, fn)
-    graph_program.register_program_hook(compiled.program_hook)
+    register_program_hook(compiled.program_hook)
     dist.Backend.register_backend(BACKEND, backend.create, extended_api=True, devices=["tpu", "cpu"])

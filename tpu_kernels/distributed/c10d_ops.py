@@ -9,7 +9,6 @@ tensors, and returns a ``TpuWork``.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -18,108 +17,28 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tpu_kernels import errors
-from tpu_kernels.distributed import checks, groups, programs, work
+from tpu_kernels.distributed import checks, work
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.distributed.work import CollectiveError, TpuWork, wait_ready
+from tpu_kernels.distributed.handlers import (bind, expect, handler, op_group, reduce_name,
+                                              tpu_tensors, work_handle)
+from tpu_kernels.distributed.work import CollectiveError, wait_ready
 from tpu_kernels.tensor import TpuTensor, value, write
 
 c10d = torch.ops.c10d
-
-
-def bind(op, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """An op call's arguments by schema name, defaults filled in."""
-    out = {}
-    for i, a in enumerate(op._schema.arguments):
-        if i < len(args):
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-    return out
-
-
-def reduce_name(reduce_op: Any, collective: str) -> str:
-    """``ReduceOp`` (a c10d ScriptObject, enum, or functional string) -> our op name."""
-    if isinstance(reduce_op, torch.ScriptObject):
-        reduce_op = reduce_op.op()
-    if isinstance(reduce_op, int):
-        reduce_op = torch.distributed.ReduceOp.RedOpType(reduce_op)
-    name = reduce_op if isinstance(reduce_op, str) else reduce_op.name
-    name = name.lower()
-    if name not in programs.REDUCE_OPS:
-        raise NotImplementedError(
-            f"tpu {collective}: reduce op {name.upper()} is not supported on tpu (supported: "
-            f"{', '.join(o.upper() for o in programs.REDUCE_OPS)}); for PREMUL_SUM scale the "
-            f"tensor first and use SUM")
-    return name
-
-
-def tpu_tensors(collective: str, tensors: list, what: str = "tensor") -> list[TpuTensor]:
-    """``tensors``, checked to be tpu tensors (a CPU tensor among them is a user error)."""
-    for i, t in enumerate(tensors):
-        if not isinstance(t, TpuTensor):
-            where = getattr(t, "device", type(t).__name__)
-            raise ValueError(
-                f"tpu {collective}: {what} {i} is on {where}, the others on tpu: all tensors "
-                f"of one collective must be on the same device. Move it with .to('tpu') "
-                f"(or run the collective on CPU tensors only)")
-    return tensors
-
-
-def expect(collective: str, cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(f"tpu {collective}: {message}")
-
-
-def _group(a: dict, name: str) -> Group:
-    """The op's group; its timeout is the op's own (``Options.timeout``) when it has one."""
-    group = groups.of(a["process_group"], name)
-    ms = a.get("timeout", -1)
-    return dataclasses.replace(group, timeout=ms / 1000) if ms and ms > 0 else group
-
-
-def _work(name: str, group: Group, arrays: list, result: Any) -> Any:
-    return TpuWork(name, group, [a for a in arrays if a is not None], result).boxed()
-
-
-def handler(name: str, returns_tensors: str | None) -> Callable:
-    """Register-ready handler around ``fn(a: dict) -> result`` for collective ``name``.
-
-    On torch's autograd worker thread (DDP's gradient hooks) an exception escaping into
-    C++ would abort the process: there the error is recorded and raised at the next tpu
-    op on the user's thread, and the op returns its inputs with a finished handle.
-    """
-    def wrap(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def run(op, args, kwargs):
-            a = bind(op, args, kwargs)
-            try:
-                return fn(a)
-            except Exception as exc:
-                if not errors.on_worker_thread():
-                    raise
-                errors.defer(exc, f"tpu {name}")
-                dummy = TpuWork(name, Group("?", (0,), 0, 1.0), [], None).boxed()
-                return (a[returns_tensors], dummy) if returns_tensors else dummy
-        run.collective = name
-        return run
-    return wrap
 
 
 # -- reductions and broadcast --------------------------------------------------------------------
 @handler("all_reduce", "tensors")
 def allreduce_(a: dict) -> Any:
     ts = tpu_tensors("all_reduce", a["tensors"])
-    group = _group(a, "all_reduce")
+    group = op_group(a, "all_reduce")
     op = reduce_name(a["reduce_op"], "all_reduce")
     expect("all_reduce", a.get("sparse_indices") is None, "sparse tensors are not supported")
     checks.agree("all_reduce", (op,), ts, group)
     outs = [work.run("all_reduce", group, "all_reduce", value(t), op=op) for t in ts]
     for t, o in zip(ts, outs):
         write(t, o)
-    return ts, _work("all_reduce", group, outs, ts)
+    return ts, work_handle("all_reduce", group, outs, ts)
 
 
 @handler("all_reduce_coalesced", None)
@@ -130,7 +49,7 @@ def allreduce_coalesced_(a: dict) -> Any:
 @handler("reduce", None)
 def reduce_(a: dict) -> Any:
     ts = tpu_tensors("reduce", a["tensors"])
-    group = _group(a, "reduce")
+    group = op_group(a, "reduce")
     op = reduce_name(a["reduce_op"], "reduce")
     root = a["root_rank"]
     checks.agree("reduce", (op, root), ts, group)
@@ -138,19 +57,19 @@ def reduce_(a: dict) -> Any:
     if group.rank == root:     # the others keep their input, as with NCCL
         for t, o in zip(ts, outs):
             write(t, o)
-    return _work("reduce", group, outs, ts)
+    return work_handle("reduce", group, outs, ts)
 
 
 @handler("broadcast", "tensors")
 def broadcast_(a: dict) -> Any:
     ts = tpu_tensors("broadcast", a["tensors"])
-    group = _group(a, "broadcast")
+    group = op_group(a, "broadcast")
     root = a["root_rank"]
     checks.agree("broadcast", (root,), ts, group)
     outs = [work.run("broadcast", group, "broadcast", value(t), root=root) for t in ts]
     for t, o in zip(ts, outs):
         write(t, o)
-    return ts, _work("broadcast", group, outs, ts)
+    return ts, work_handle("broadcast", group, outs, ts)
 
 
 # -- gathers -----------------------------------------------------------------------------------------
@@ -174,14 +93,14 @@ def _check_list(name: str, group: Group, outs: list, like: torch.Tensor, what: s
 @handler("all_gather", "output_tensors")
 def allgather_(a: dict) -> Any:
     ins = tpu_tensors("all_gather", a["input_tensors"])
-    group = _group(a, "all_gather")
+    group = op_group(a, "all_gather")
     arrays = []
     for inp, outs in zip(ins, a["output_tensors"]):
         tpu_tensors("all_gather", outs, "output tensor")
         _check_list("all_gather", group, outs, inp, "the output list")
         checks.agree("all_gather", (), [inp], group)
         arrays += _gather_into_list("all_gather", group, inp, outs, True)
-    return a["output_tensors"], _work("all_gather", group, arrays, a["output_tensors"])
+    return a["output_tensors"], work_handle("all_gather", group, arrays, a["output_tensors"])
 
 
 @handler("all_gather_coalesced", None)
@@ -205,19 +124,19 @@ def _root_list(name: str, group: Group, root: int, lists: list, like: torch.Tens
 @handler("gather", None)
 def gather_(a: dict) -> Any:
     (inp,) = tpu_tensors("gather", a["input_tensors"])
-    group = _group(a, "gather")
+    group = op_group(a, "gather")
     root = a["root_rank"]
     outs = _root_list("gather", group, root, a["output_tensors"], inp, "gather_list")
     checks.agree("gather", (root,), [inp], group)
     arrays = _gather_into_list("gather", group, inp, outs, group.rank == root)
-    return _work("gather", group, arrays, a["output_tensors"])
+    return work_handle("gather", group, arrays, a["output_tensors"])
 
 
 # -- reduce-scatters ---------------------------------------------------------------------------------
 @handler("reduce_scatter", "output_tensors")
 def reduce_scatter_(a: dict) -> Any:
     outs = tpu_tensors("reduce_scatter", a["output_tensors"])
-    group = _group(a, "reduce_scatter")
+    group = op_group(a, "reduce_scatter")
     op = reduce_name(a["reduce_op"], "reduce_scatter")
     results = []
     for out, chunks in zip(outs, a["input_tensors"]):
@@ -228,7 +147,7 @@ def reduce_scatter_(a: dict) -> Any:
                      concat=True, shape=tuple(out.shape))
         write(out, r)
         results.append(r)
-    return outs, _work("reduce_scatter", group, results, outs)
+    return outs, work_handle("reduce_scatter", group, results, outs)
 
 
 # -- flat buffers: all_gather_into_tensor, reduce_scatter_tensor, and their coalesced forms ----
@@ -257,15 +176,15 @@ def _flat_handlers(name: str, reduces: bool) -> tuple[Callable, Callable]:
     @handler(name, "output_tensor")
     def single(a: dict) -> Any:
         out, inp = tpu_tensors(name, [a["output_tensor"], a["input_tensor"]])
-        group = _group(a, name)
-        return out, _work(name, group, [_flat(name, group, out, inp, op_of(a))], out)
+        group = op_group(a, name)
+        return out, work_handle(name, group, [_flat(name, group, out, inp, op_of(a))], out)
 
     @handler(name, None)
     def coalesced(a: dict) -> Any:
         outs, ins = tpu_tensors(name, a["outputs"]), tpu_tensors(name, a["inputs"])
-        group = _group(a, name)
+        group = op_group(a, name)
         results = [_flat(name, group, o, i, op_of(a)) for o, i in zip(outs, ins)]
-        return _work(name, group, results, outs)
+        return work_handle(name, group, results, outs)
     return single, coalesced
 
 
@@ -276,7 +195,7 @@ _reduce_scatter_base_, reduce_scatter_tensor_coalesced_ = _flat_handlers("reduce
 @handler("scatter", "output_tensors")
 def scatter_(a: dict) -> Any:
     (out,) = tpu_tensors("scatter", a["output_tensors"])
-    group = _group(a, "scatter")
+    group = op_group(a, "scatter")
     root = a["root_rank"]
     chunks = _root_list("scatter", group, root, a["input_tensors"], out, "scatter_list")
     if group.rank == root:
@@ -287,7 +206,7 @@ def scatter_(a: dict) -> Any:
     result = work.run("scatter", group, "scatter", *inputs, root=root, concat=True,
                   shape=tuple(out.shape))
     write(out, result)
-    return [out], _work("scatter", group, [result], [out])
+    return [out], work_handle("scatter", group, [result], [out])
 
 
 # -- all-to-all ---------------------------------------------------------------------------------------
@@ -346,21 +265,21 @@ def all_to_all_rows(name: str, group: Group, x: jax.Array, send: list[int] | Non
 @handler("all_to_all_single", None)
 def alltoall_base_(a: dict) -> Any:
     out, inp = tpu_tensors("all_to_all_single", [a["output"], a["input"]])
-    group = _group(a, "all_to_all_single")
+    group = op_group(a, "all_to_all_single")
     expect("all_to_all_single", out.dtype == inp.dtype and tuple(out.shape[1:]) == tuple(inp.shape[1:]),
            f"input {inp.dtype}{list(inp.shape)} and output {out.dtype}{list(out.shape)} must "
            f"agree in dtype and in every dimension but the first")
     result = all_to_all_rows("all_to_all_single", group, value(inp), a["input_split_sizes"],
                              a["output_split_sizes"], out.shape[0])
     write(out, result)
-    return _work("all_to_all_single", group, [result], out)
+    return work_handle("all_to_all_single", group, [result], out)
 
 
 @handler("all_to_all", "output_tensors")
 def alltoall_(a: dict) -> Any:
     outs = tpu_tensors("all_to_all", a["output_tensors"], "output tensor")
     ins = tpu_tensors("all_to_all", a["input_tensors"], "input tensor")
-    group = _group(a, "all_to_all")
+    group = op_group(a, "all_to_all")
     expect("all_to_all", len(ins) == group.size and len(outs) == group.size,
            f"pass {group.size} input and {group.size} output tensors (one per rank), got "
            f"{len(ins)} and {len(outs)}")
@@ -371,28 +290,28 @@ def alltoall_(a: dict) -> Any:
     offsets = np.cumsum([0] + [t.numel() for t in outs])
     for t, o, n in zip(outs, offsets, (t.numel() for t in outs)):
         write(t, result[o:o + n].reshape(tuple(t.shape)))
-    return outs, _work("all_to_all", group, [result], outs)
+    return outs, work_handle("all_to_all", group, [result], outs)
 
 
 # -- barrier and point to point ------------------------------------------------------------------------
 @handler("barrier", None)
 def barrier(a: dict) -> Any:
-    group = _group(a, "barrier")
+    group = op_group(a, "barrier")
     checks.agree("barrier", (), [], group)
     token = work.run("barrier", group, "barrier", np.zeros((1,), np.int32))
-    return _work("barrier", group, [token], [])
+    return work_handle("barrier", group, [token], [])
 
 
 def monitored_barrier_(op, args, kwargs) -> None:
     a = bind(op, args, kwargs)
-    group = _group(a, "monitored_barrier")
+    group = op_group(a, "monitored_barrier")
     token = work.run("monitored_barrier", group, "barrier", np.zeros((1,), np.int32))
     wait_ready([token], "monitored_barrier", group, a["timeout"] / 1000 if a["timeout"] > 0 else None)
 
 
 def _p2p(name: str, a: dict, peer: int, sending: bool) -> Any:
     (t,) = tpu_tensors(name, a["tensors"])
-    group = _group(a, name)
+    group = op_group(a, name)
     expect(name, 0 <= peer < group.size and peer != group.rank,
            f"peer rank {peer} is not another rank of the group (size {group.size})")
     me_g, peer_g = group.ranks[group.rank], group.ranks[peer]
@@ -409,7 +328,7 @@ def _p2p(name: str, a: dict, peer: int, sending: bool) -> Any:
     result = work.run(name, link, "ppermute", value(t), pairs=((pair.index(src), pair.index(dst)),))
     if not sending:
         write(t, result)
-    return _work(name, link, [result], [t])
+    return work_handle(name, link, [result], [t])
 
 
 @handler("send", None)
@@ -443,4 +362,4 @@ HANDLERS = {
     c10d.recv_.default: recv_, c10d.recv_any_source_.default: recv_any_source_,
 }
 
-__all__ = ["HANDLERS", "CollectiveError", "bind", "reduce_name", "all_to_all_rows"]
+__all__ = ["HANDLERS", "CollectiveError", "all_to_all_rows"]

@@ -16,7 +16,8 @@ import jax
 import torch
 
 from tpu_kernels.distributed import checks, compiled, groups, work
-from tpu_kernels.distributed.c10d_ops import all_to_all_rows, bind, expect, reduce_name, tpu_tensors
+from tpu_kernels.distributed.c10d_ops import all_to_all_rows
+from tpu_kernels.distributed.handlers import bind, expect, reduce_name, tpu_tensors
 from tpu_kernels.distributed.groups import Group
 from tpu_kernels.tensor import TpuTensor, read, value, wrap, write
 

@@ -1,10 +1,11 @@
 """Ops the tpu runtime handles itself, registered as impls of kind ``runtime``
 (``registry.register_runtime``): host copies and ``.item()`` (``copies``), batch norm's
-hidden running-stats update (``batch_norm``), in-place metadata changes
+hidden running-stats update (``batch_norm``), convolution results' memory format
+(``conv_layout``), in-place metadata changes
 (``metadata_ops``), composite calls caught above autograd (``fused_composites``,
 ``rms_norm``).
 Importing the package registers them all.
 """
-from tpu_kernels.runtime_ops import batch_norm, copies, fused_composites, metadata_ops, rms_norm
+from tpu_kernels.runtime_ops import batch_norm, conv_layout, copies, fused_composites, metadata_ops, rms_norm
 
-__all__ = ["batch_norm", "copies", "fused_composites", "metadata_ops", "rms_norm"]
+__all__ = ["batch_norm", "conv_layout", "copies", "fused_composites", "metadata_ops", "rms_norm"]

@@ -55,6 +55,9 @@ def copy_(op, args, kwargs):
         return dst
     if not isinstance(src, TpuTensor):        # cpu -> tpu
         return copy_into(dst, src)
+    i = dst._tpu_storage.index
+    if src._tpu_storage.index != i:           # tpu:j -> tpu:i
+        return _write_cast(dst, jax.device_put(value(src), devices.jax_device(i)), src.dtype)
     return run_call(op, args, kwargs)
 
 
@@ -67,6 +70,10 @@ def copy_from(op, args, kwargs):
 
 def copy_into(dst: TpuTensor, src: torch.Tensor) -> TpuTensor:
     """Copy a CPU tensor into a tpu tensor (broadcast, cast), in place."""
-    new = to_jax(src, dst._tpu_storage.index)
-    write(dst, new.astype(to_jax_dtype(dst.dtype)) if src.dtype != dst.dtype else new)
+    return _write_cast(dst, to_jax(src, dst._tpu_storage.index), src.dtype)
+
+
+def _write_cast(dst: TpuTensor, new: jax.Array, dtype: torch.dtype) -> TpuTensor:
+    """Write ``new`` (of torch dtype ``dtype``, on ``dst``'s device) into ``dst``, cast."""
+    write(dst, new.astype(to_jax_dtype(dst.dtype)) if dtype != dst.dtype else new)
     return dst

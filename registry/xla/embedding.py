@@ -1,0 +1,68 @@
+"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag.
+
+Out-of-range indices follow ``_index.py``: reads fill 0, writes drop, a deferred check raises as torch.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._index import in_range, read
+
+
+@xla("aten::embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    in_range(indices, weight.shape[0], "index out of range in self")
+    return jnp.take(weight, indices, axis=0, mode="fill", fill_value=0)
+
+
+@xla("aten::embedding_dense_backward")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """Scatter-add of the output gradient rows into the weight rows they came from."""
+    acc = jnp.float32 if grad_output.dtype in (jnp.bfloat16, jnp.float16) else grad_output.dtype
+    idx = indices.reshape(-1)
+    g = grad_output.reshape((idx.shape[0], -1)).astype(acc)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[idx].add(1, mode="drop")
+        g = g / read(counts, idx)[:, None]
+    keep = (idx != padding_idx) if padding_idx >= 0 else jnp.ones_like(idx, jnp.bool_)
+    g = jnp.where(keep[:, None], g, 0)
+    out = jnp.zeros((num_weights, g.shape[1]), acc).at[idx].add(g, mode="drop")
+    return out.reshape(out_shape()).astype(out_dtype())
+
+
+@xla("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bags of embedding rows reduced by sum (0), mean (1) or max (2).
+
+    Returns (output, offset2bag, bag_size, max_indices) with the shapes of torch's meta
+    function; values as the CPU kernel (bag_size is 0 in sum mode, as there)."""
+    n = indices.shape[0]
+    starts = offsets[:-1] if include_last_offset else offsets
+    bags = starts.shape[0]
+    pos = jnp.arange(n)
+    bag = jnp.searchsorted(starts, pos, side="right") - 1        # last bag starting at or before
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), jnp.bool_)
+    acc = jnp.float32 if weight.dtype in (jnp.bfloat16, jnp.float16) else weight.dtype
+    rows = jnp.take(weight, indices, axis=0, mode="fill", fill_value=0).astype(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(acc)[:, None]
+    count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, bags)
+    dt = out_dtype(0)
+    # with include_last_offset the meta function gives bag_size one entry per offset
+    sizes = jnp.pad(count, (0, out_shape(2)[0] - bags))
+    if mode == 2:
+        masked = jnp.where(valid[:, None], rows, -jnp.inf)
+        top = jax.ops.segment_max(masked, bag, bags)
+        first = jax.ops.segment_min(jnp.where((masked == top[bag]) & valid[:, None], pos[:, None], n), bag, bags)
+        max_idx = jnp.where(count[:, None] > 0, read(indices, first), 0)
+        out = jnp.where(count[:, None] > 0, top, 0)
+        return out.astype(dt), bag, sizes, max_idx
+    out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, bags)
+    if mode == 1:
+        out = out / jnp.maximum(count, 1)[:, None].astype(acc)
+    bag_size = sizes if mode == 1 else jnp.zeros_like(sizes)
+    return out.astype(dt), bag, bag_size, jnp.zeros(out_shape(3), jnp.int64)

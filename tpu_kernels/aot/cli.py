@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --mesh: a pod slice, e.g. v5e:16x16, v6e:8x8")
     parser.add_argument("--batch", type=int, default=None,
                         help="with --mesh: global batch (default: one sequence per data shard)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="with --mesh: build the model with this many decoder layers "
+                             "(time a pod compile at small depth before the full one)")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -64,8 +67,10 @@ def _pod(args: argparse.Namespace) -> int:
         print("aot: --mesh and --topology go together (e.g. --mesh fsdp=64,tp=4 "
               "--topology v5e:16x16)", file=sys.stderr)
         return 2
-    report = pod.compile_pod_step(load(args.model), args.topology, pod.parse_mesh(args.mesh),
-                                  args.batch)
+    spec = load(args.model)
+    if args.layers:
+        spec = spec.at_depth(args.layers)
+    report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch)
     if args.json:
         print(json.dumps(report.as_json(), indent=1))
     else:

@@ -31,7 +31,7 @@ from tpu_kernels.dispatch import memory
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
 from tpu_kernels.aot.summary import Summary
 from tpu_kernels.aot.training import build
-from tpu_kernels.graph_program import GraphProgram, _geometry, _static
+from tpu_kernels.graph_program import GraphProgram, _geometry, _static, settings
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.storage import Storage, read_view
@@ -209,7 +209,8 @@ def _placed(a: jax.ShapeDtypeStruct, default: jax.sharding.Sharding) -> jax.Shap
 
 
 def _statics(example_inputs, program: GraphProgram) -> tuple:
-    return (tuple(_static(a) for a, t in zip(example_inputs, program.is_tensor) if not t),
+    return (settings(),
+            tuple(_static(a) for a, t in zip(example_inputs, program.is_tensor) if not t),
             tuple(_geometry(a) for a, t in zip(example_inputs, program.is_tensor) if t))
 
 
@@ -238,7 +239,7 @@ def _backward(bw: graphs.Graph, key, saved: list, loss) -> list:
     tangent = (jnp.ones(loss.shape, loss.dtype), _geometry(bw.example_inputs[-1]))
     pairs = [*saved, tangent]
     scalars = tuple(_static(a) for a, t in zip(bw.example_inputs, bw.program.is_tensor) if not t)
-    statics = (scalars, tuple(g for _, g in pairs))
+    statics = (settings(), scalars, tuple(g for _, g in pairs))
     return [None if o is None else _value(o) for o in
             _outputs(bw.program, statics, key, [a for a, _ in pairs])]
 

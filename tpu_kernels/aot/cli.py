@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 
 from tpu_kernels.pallas import tpu_info
@@ -72,7 +73,9 @@ def _pod(args: argparse.Namespace) -> int:
         spec = spec.at_depth(args.layers)
     report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch)
     if args.json:
-        print(json.dumps(report.as_json(), indent=1))
+        # the compile's own peak memory on this machine, to plan a larger one
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps(dict(report.as_json(), max_rss_bytes=rss), indent=1))
     else:
         print(report.format())
     return 0 if report.fits else 1

@@ -57,10 +57,15 @@ class Report:
         return sum(c.bytes for c in self.collectives)
 
     @property
+    def overlapped_bytes(self) -> int:
+        """The collective bytes in flight while compute runs."""
+        return sum(c.bytes for c in self.collectives if c.overlapped)
+
+    @property
     def overlapped_fraction(self) -> float:
         """Of the collective bytes, the fraction in flight while compute runs."""
         total = self.total_bytes
-        return sum(c.bytes for c in self.collectives if c.overlapped) / total if total else 0.0
+        return self.overlapped_bytes / total if total else 0.0
 
     def format(self, indent: str = "") -> str:
         mib = 1 / 2**20

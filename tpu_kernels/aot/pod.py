@@ -95,11 +95,13 @@ class PodReport:
         return dict(model=self.model, topology=self.topology, chip=self.chip, mesh=self.mesh,
                     params=self.params, tokens=self.tokens, model_flops=self.model_flops,
                     peak_hbm_bytes=s.hbm_bytes, argument_bytes=s.argument_bytes,
+                    output_bytes=s.output_bytes, alias_bytes=s.alias_bytes,
                     temp_bytes=s.temp_bytes, step_seconds=s.optimal_seconds, mfu=self.mfu,
                     compile_seconds=s.compile_seconds,
                     collectives={k: dict(count=n, bytes=b)
                                  for k, (n, b) in self.comms.by_kind().items()},
-                    overlapped_fraction=self.comms.overlapped_fraction)
+                    overlapped_fraction=self.comms.overlapped_fraction,
+                    overlapped_bytes=self.comms.overlapped_bytes, loops=s.loops)
 
     @property
     def mfu(self) -> float:

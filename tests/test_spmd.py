@@ -55,3 +55,8 @@ def test_gpt_fsdp_x_tp(mode):
 @pytest.mark.thorough
 def test_moe_expert_sharding():
     _run("moe_experts")
+
+
+@pytest.mark.thorough
+def test_pallas_kernels_per_shard():
+    _run("pallas_per_shard")

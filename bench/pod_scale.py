@@ -49,11 +49,13 @@ def compile_case(case: str, layers: int, keep: str, timeout: int) -> dict | None
     peak RSS), also written to ``keep``; None if it failed or timed out."""
     model, topo, mesh = CASES[case]
     path = os.path.join(keep, f"{case.replace(':', '_')}-L{layers}.json")
+    os.makedirs(keep, exist_ok=True)
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
     cmd = [sys.executable, "-m", "tpu_kernels", "aot", "--model", model, "--layers",
-           str(layers), "--mesh", mesh, "--topology", topo, "--json"]
+           str(layers), "--mesh", mesh, "--topology", topo, "--json",
+           "--hlo", os.path.join(keep, f"{case.replace(':', '_')}-L{layers}.hlo")]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -145,11 +147,25 @@ def case_section(case: str, results: list[dict]) -> list[str]:
         out.append(_row(f"**{full.layers} (scaled)**",
                         _with_derived(s, chips, chip, full.flops_per_step), chip))
     out.append("")
+    out += overlap_lines(results)
     out.append("Compile: " + "; ".join(
         f"{r['layers']} layers {r['compile_seconds']:.0f} s compile, {r['wall_seconds']:.0f} s "
         f"wall, peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
     out.append("")
     return out
+
+
+def overlap_lines(results: list[dict]) -> list[str]:
+    """Where the collective bytes of the deepest compile that says so go: in flight while
+    compute runs, async with nothing scheduled in between, or synchronous."""
+    r = next((r for r in reversed(results) if "overlap_by_kind" in r), None)
+    if r is None:
+        return []
+    parts = [f"{kind}: {v['overlapped'] / MiB:,.0f} MiB overlapped, "
+             f"{v['async_idle'] / MiB:,.0f} MiB async with no compute between start and done, "
+             f"{v['synchronous'] / MiB:,.0f} MiB synchronous"
+             for kind, v in sorted(r["overlap_by_kind"].items())]
+    return [f"Overlap at {r['layers']} layers (compiled): " + "; ".join(parts) + ".", ""]
 
 
 def main() -> None:

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --mesh: a pod slice, e.g. v5e:16x16, v6e:8x8")
     parser.add_argument("--batch", type=int, default=None,
                         help="with --mesh: global batch (default: one sequence per data shard)")
+    parser.add_argument("--hlo", metavar="PATH", default=None,
+                        help="with --mesh: write the compiled step's optimised HLO there")
     parser.add_argument("--layers", type=int, default=None,
                         help="with --mesh: build the model with this many decoder layers "
                              "(time a pod compile at small depth before the full one)")
@@ -72,6 +74,9 @@ def _pod(args: argparse.Namespace) -> int:
     if args.layers:
         spec = spec.at_depth(args.layers)
     report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch)
+    if args.hlo:
+        with open(args.hlo, "w") as f:
+            f.write(report.hlo)
     if args.json:
         # the compile's own peak memory on this machine, to plan a larger one
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -101,7 +101,8 @@ class PodReport:
                     collectives={k: dict(count=n, bytes=b)
                                  for k, (n, b) in self.comms.by_kind().items()},
                     overlapped_fraction=self.comms.overlapped_fraction,
-                    overlapped_bytes=self.comms.overlapped_bytes, loops=s.loops)
+                    overlapped_bytes=self.comms.overlapped_bytes, loops=s.loops,
+                    overlap_by_kind=self.comms.overlap_by_kind())
 
     @property
     def mfu(self) -> float:

@@ -131,7 +131,9 @@ def case_section(case: str, results: list[dict]) -> list[str]:
     model, topo, mesh = CASES[case]
     chip = tpu_info.chip(topo.partition(":")[0]).name
     if not results:
-        return [f"## {model} on {topo} (mesh {mesh})", "", "Did not compile in time here.", ""]
+        return [f"## {model} on {topo} (mesh {mesh})", "",
+                f"Not compiled: no result kept for this case (`python -m tpu_kernels aot "
+                f"--model {model} --layers 1 --mesh {mesh} --topology {topo}`).", ""]
     chips = math.prod(results[0]["mesh"].values())
     full = full_model(model, results[0]["tokens"])
     out = [f"## {model} on {topo} ({chips} chips, mesh {mesh})", "",

@@ -192,6 +192,34 @@ def moe_experts(mode: str = "eager") -> None:
     _check_optimizer_follows(sharded, mesh)
 
 
+def pallas_per_shard() -> None:
+    """Pallas kernels (interpret mode) run per shard inside a sharded program: flash
+    attention over heads, a grouped matmul over experts; nothing is gathered."""
+    from tpu_kernels.pallas.flash_attention import flash_attention
+    from tpu_kernels.pallas.grouped_matmul import gmm
+    mesh = spmd.Mesh((8,), ("tp",))
+    heads = (None, "tp", None, None)
+    q, k, v = (torch.randn(1, 8, 128, 64) for _ in range(3))
+    attend = spmd.per_shard(lambda a, b, c: flash_attention(a, b, c, causal=True, interpret=True),
+                            mesh, [heads] * 3, heads)
+    out = attend(*(t.to("tpu") for t in (q, k, v)))
+    assert spmd.spec_of(out) == heads and spmd.local_shapes(out) == [(1, 1, 128, 64)] * 8
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               rtol=2e-5, atol=2e-5)
+    placed = [jax.device_put(t.numpy(), mesh.sharding(heads)) for t in (q, k, v)]
+    hlo = attend.program.lower(*placed).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo     # each device its heads
+    # experts over "tp": each device multiplies its tokens by its one expert (16 rows each)
+    x, w = torch.randn(8 * 16, 32), torch.randn(8, 32, 64)
+    sizes = torch.full((8,), 16, dtype=torch.int32)
+    experts = spmd.per_shard(lambda a, b, g: gmm(a, b, g, interpret=True), mesh,
+                             [("tp", None), ("tp", None, None), ("tp",)], ("tp", None))
+    y = experts(x.to("tpu"), w.to("tpu"), sizes.to("tpu"))
+    assert spmd.local_shapes(y) == [(16, 64)] * 8
+    want = torch.cat([x[16 * e:16 * (e + 1)] @ w[e] for e in range(8)])
+    torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 if __name__ == "__main__":
     case, *args = sys.argv[1:]
     assert len(jax.devices()) == 8, jax.devices()

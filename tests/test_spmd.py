@@ -6,7 +6,9 @@ CI runs the API case (sharded eager ops, torch.compile and deferred programs, er
 ~15 s) and the GPT trained with FSDP over 8 devices (5 AdamW steps equal to unsharded
 training, each device holding 1/8 of every parameter and AdamW moment; ~40 s on an idle
 2-core machine: the one end-to-end proof of the SPMD training path). The 2-D (fsdp x tp)
-and expert-sharded MoE trainings, and the compiled and deferred variants, are thorough.
+and expert-sharded MoE trainings (``moe_experts``: ~110 s on the loaded 2-core machine),
+the compiled and deferred variants, and Pallas kernels run per shard (``spmd.per_shard``:
+flash attention over heads, a grouped matmul over experts; ~75 s) are thorough.
 """
 from __future__ import annotations
 
@@ -55,3 +57,8 @@ def test_gpt_fsdp_x_tp(mode):
 @pytest.mark.thorough
 def test_moe_expert_sharding():
     _run("moe_experts")
+
+
+@pytest.mark.thorough
+def test_pallas_kernels_per_shard():
+    _run("pallas_per_shard")

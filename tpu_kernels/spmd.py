@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -32,7 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpu_kernels import inflight
 from tpu_kernels.storage import place
-from tpu_kernels.tensor import TpuTensor, value
+from tpu_kernels.tensor import TpuTensor, value, wrap
 
 Spec = Sequence[str | tuple[str, ...] | None]
 
@@ -200,3 +200,30 @@ def tensor_parallel(module: nn.Module, mesh: Mesh, plan: Mapping[str, str | Mapp
 def shardings(module: nn.Module) -> dict[str, tuple]:
     """Parameter name -> its partition spec (for reports and tests)."""
     return {n: spec_of(p) for n, p in _params(module)}
+
+
+def per_shard(fn: Callable[..., Any], mesh: Mesh, in_specs: Sequence[Spec],
+              out_specs: Spec | Sequence[Spec]) -> Callable[..., Any]:
+    """``fn`` (a function of jax arrays, e.g. a Pallas kernel) run on each device's shard
+    (``jax.shard_map``): ``per_shard(fn, mesh, in_specs, out_specs)(*tpu_tensors)``. Each
+    input is laid out as its spec says (a no-op when it already is), ``fn`` sees the
+    per-device blocks, and the results are tpu tensors laid out by ``out_specs`` (one spec,
+    or one per output). A kernel so run is not gathered: attention sharded over heads runs
+    each device's heads where they are. ``fn`` must be correct per shard (no
+    cross-shard terms: it may call ``jax.lax`` collectives over the mesh's axes)."""
+    many = bool(out_specs) and not isinstance(out_specs[0], (str, type(None)))
+    outs = tuple(PartitionSpec(*s) for s in out_specs) if many else PartitionSpec(*out_specs)
+    mapped = jax.jit(jax.shard_map(fn, mesh=mesh.jax, check_vma=False, out_specs=outs,
+                                   in_specs=tuple(PartitionSpec(*s) for s in in_specs)))
+
+    def call(*tensors: torch.Tensor) -> Any:
+        if len(tensors) != len(in_specs):
+            raise TypeError(f"spmd.per_shard: {len(in_specs)} in_specs, {len(tensors)} inputs")
+        arrays = []
+        for t, spec in zip(tensors, in_specs):
+            _check(t, mesh, spec, "spmd.per_shard")
+            arrays.append(jax.device_put(value(t), mesh.sharding(spec)))
+        out = inflight.track(mapped(*arrays))
+        return tuple(wrap(a) for a in out) if many else wrap(out)
+    call.program = mapped        # the jitted shard_map (to lower and inspect its HLO)
+    return call

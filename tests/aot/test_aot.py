@@ -167,3 +167,31 @@ def test_step_report_keeps_each_programs_failure():
     assert f"backward  does not compile: {why}" in text and "does not fit one v5e" in text
     ok = StepReport("m", "v5e", params=10, tokens=8, model_flops=1e12, programs=[("forward", fwd)])
     assert ok.ok and ok.step_seconds == 0.01 and "uncertain: custom calls SomeCall" in ok.format()
+
+
+def test_uncosted_calls_are_corrected_in_the_entry_computation_only():
+    """XLA's estimate counts -1 s per uncosted custom call in the entry computation, none for
+    those in a loop body (v7x's SparseCore offloads put PrepareAsyncCall pairs there: the
+    correction once added them too and reported qwen3-moe-small's forward as 16 s)."""
+    from tpu_kernels.aot import summary
+
+    call = '  %{0} = s32[] custom-call(), custom_call_target="{1}"\n'
+    text = ("HloModule m\n\n%body (p: s32[]) -> s32[] {\n"
+            + call.format("a", "PrepareAsyncCallStart") + call.format("b", "PrepareAsyncCallDone")
+            + "}\n\nENTRY %main () -> s32[] {\n" + call.format("c", "X64Combine")
+            + call.format("d", "PrepareAsyncCallStart") + "  ROOT %w = s32[] while(%c)\n}\n")
+
+    class Fake:
+        def memory_analysis(self):
+            return type("M", (), dict(argument_size_in_bytes=0, output_size_in_bytes=0,
+                                      alias_size_in_bytes=0, temp_size_in_bytes=0,
+                                      generated_code_size_in_bytes=0))()
+
+        def cost_analysis(self):
+            return {"optimal_seconds": -2.0 + 1e-4, "flops": 1.0}
+
+        def as_text(self):
+            return text
+
+    s = summary.summarize(Fake(), "v7x", 0.0)
+    assert s.optimal_seconds == pytest.approx(1e-4) and s.loops == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 
 from tpu_kernels.pallas import tpu_info
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --mesh: a pod slice, e.g. v5e:16x16, v6e:8x8")
     parser.add_argument("--batch", type=int, default=None,
                         help="with --mesh: global batch (default: one sequence per data shard)")
+    parser.add_argument("--hlo", metavar="PATH", default=None,
+                        help="with --mesh: write the compiled step's optimised HLO there")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="with --mesh: build the model with this many decoder layers "
+                             "(time a pod compile at small depth before the full one)")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -64,10 +70,17 @@ def _pod(args: argparse.Namespace) -> int:
         print("aot: --mesh and --topology go together (e.g. --mesh fsdp=64,tp=4 "
               "--topology v5e:16x16)", file=sys.stderr)
         return 2
-    report = pod.compile_pod_step(load(args.model), args.topology, pod.parse_mesh(args.mesh),
-                                  args.batch)
+    spec = load(args.model)
+    if args.layers:
+        spec = spec.at_depth(args.layers)
+    report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch)
+    if args.hlo:
+        with open(args.hlo, "w") as f:
+            f.write(report.hlo)
     if args.json:
-        print(json.dumps(report.as_json(), indent=1))
+        # the compile's own peak memory on this machine, to plan a larger one
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps(dict(report.as_json(), max_rss_bytes=rss), indent=1))
     else:
         print(report.format())
     return 0 if report.fits else 1

@@ -38,6 +38,7 @@ class Collective:
     kind: str
     bytes: int
     overlapped: bool
+    asynchronous: bool = True        # a start/done pair (False: one synchronous op)
 
 
 @dataclasses.dataclass
@@ -57,10 +58,26 @@ class Report:
         return sum(c.bytes for c in self.collectives)
 
     @property
+    def overlapped_bytes(self) -> int:
+        """The collective bytes in flight while compute runs."""
+        return sum(c.bytes for c in self.collectives if c.overlapped)
+
+    @property
     def overlapped_fraction(self) -> float:
         """Of the collective bytes, the fraction in flight while compute runs."""
         total = self.total_bytes
-        return sum(c.bytes for c in self.collectives if c.overlapped) / total if total else 0.0
+        return self.overlapped_bytes / total if total else 0.0
+
+    def overlap_by_kind(self) -> dict[str, dict[str, int]]:
+        """kind -> bytes overlapped, bytes async with no compute in flight, bytes
+        synchronous: where the bytes that do not overlap come from."""
+        out: dict[str, dict[str, int]] = {}
+        for c in self.collectives:
+            row = out.setdefault(c.kind, dict(overlapped=0, async_idle=0, synchronous=0))
+            key = ("overlapped" if c.overlapped else "async_idle" if c.asynchronous
+                   else "synchronous")
+            row[key] += c.bytes
+        return out
 
     def format(self, indent: str = "") -> str:
         mib = 1 / 2**20
@@ -105,7 +122,7 @@ def analyse(hlo_text: str) -> Report:
                 found.append(Collective(entry[0], entry[1], entry[2]))
         elif kind:                                  # a synchronous collective
             sizes = _bytes(m.group("type"))
-            found.append(Collective(kind, max(sizes) if sizes else 0, False))
+            found.append(Collective(kind, max(sizes) if sizes else 0, False, False))
         elif op in _COMPUTE or op.startswith(_COMPUTE):
             for entry in in_flight.values():
                 entry[2] = True

@@ -28,6 +28,16 @@ class ModelSpec:
     # model FLOPs per token of a training step (forward + backward); None: 6 x the
     # parameters that multiply (everything but embedding tables), plus attention
     flops_per_token: Callable[[nn.Module], float] | None = None
+    # the same model with n decoder layers (``--layers``: time a pod compile at small depth
+    # and scale per-layer figures); None: the model has no such knob
+    with_layers: Callable[[int], "ModelSpec"] | None = None
+
+    def at_depth(self, layers: int) -> "ModelSpec":
+        """This model with ``layers`` decoder layers (named ``NAME-Lk``)."""
+        if self.with_layers is None:
+            raise ValueError(f"{self.name} cannot be built at another depth (--layers)")
+        spec = self.with_layers(layers)
+        return dataclasses.replace(spec, name=f"{self.name}-L{layers}")
 
 
 def _hf_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -47,7 +57,9 @@ def _llama(name: str, batch: int, seq: int, dtype: torch.dtype, **cfg) -> ModelS
 
     def build():
         return LlamaForCausalLM(config).to(dtype)
-    return ModelSpec(name, build, batch=batch, seq=seq, loss=_hf_loss, dtype=dtype)
+    return ModelSpec(name, build, batch=batch, seq=seq, loss=_hf_loss, dtype=dtype,
+                     with_layers=lambda n: _llama(name, batch, seq, dtype,
+                                                  **{**cfg, "num_hidden_layers": n}))
 
 
 def llama_small() -> ModelSpec:
@@ -98,7 +110,9 @@ def _qwen3_moe(name: str, batch: int, seq: int, **cfg) -> ModelSpec:
         dense = _multiplying_params(model) - experts
         return 6 * (dense + experts * config.num_experts_per_tok / config.num_experts)
     return ModelSpec(name, build, batch=batch, seq=seq, loss=_hf_loss,
-                     dtype=torch.bfloat16, flops_per_token=flops_per_token)
+                     dtype=torch.bfloat16, flops_per_token=flops_per_token,
+                     with_layers=lambda n: _qwen3_moe(name, batch, seq,
+                                                      **{**cfg, "num_hidden_layers": n}))
 
 
 def _multiplying_params(model: nn.Module) -> int:

@@ -31,7 +31,7 @@ from tpu_kernels.dispatch import memory
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
 from tpu_kernels.aot.summary import Summary
 from tpu_kernels.aot.training import build
-from tpu_kernels.graph_program import GraphProgram, _geometry, _static
+from tpu_kernels.graph_program import GraphProgram, _geometry, _static, settings
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.storage import Storage, read_view
@@ -95,11 +95,14 @@ class PodReport:
         return dict(model=self.model, topology=self.topology, chip=self.chip, mesh=self.mesh,
                     params=self.params, tokens=self.tokens, model_flops=self.model_flops,
                     peak_hbm_bytes=s.hbm_bytes, argument_bytes=s.argument_bytes,
+                    output_bytes=s.output_bytes, alias_bytes=s.alias_bytes,
                     temp_bytes=s.temp_bytes, step_seconds=s.optimal_seconds, mfu=self.mfu,
                     compile_seconds=s.compile_seconds,
                     collectives={k: dict(count=n, bytes=b)
                                  for k, (n, b) in self.comms.by_kind().items()},
-                    overlapped_fraction=self.comms.overlapped_fraction)
+                    overlapped_fraction=self.comms.overlapped_fraction,
+                    overlapped_bytes=self.comms.overlapped_bytes, loops=s.loops,
+                    overlap_by_kind=self.comms.overlap_by_kind())
 
     @property
     def mfu(self) -> float:
@@ -209,7 +212,8 @@ def _placed(a: jax.ShapeDtypeStruct, default: jax.sharding.Sharding) -> jax.Shap
 
 
 def _statics(example_inputs, program: GraphProgram) -> tuple:
-    return (tuple(_static(a) for a, t in zip(example_inputs, program.is_tensor) if not t),
+    return (settings(),
+            tuple(_static(a) for a, t in zip(example_inputs, program.is_tensor) if not t),
             tuple(_geometry(a) for a, t in zip(example_inputs, program.is_tensor) if t))
 
 
@@ -238,7 +242,7 @@ def _backward(bw: graphs.Graph, key, saved: list, loss) -> list:
     tangent = (jnp.ones(loss.shape, loss.dtype), _geometry(bw.example_inputs[-1]))
     pairs = [*saved, tangent]
     scalars = tuple(_static(a) for a, t in zip(bw.example_inputs, bw.program.is_tensor) if not t)
-    statics = (scalars, tuple(g for _, g in pairs))
+    statics = (settings(), scalars, tuple(g for _, g in pairs))
     return [None if o is None else _value(o) for o in
             _outputs(bw.program, statics, key, [a for a, _ in pairs])]
 

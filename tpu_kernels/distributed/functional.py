@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import jax
 import torch
+import torch.distributed._functional_collectives  # noqa: F401  (defines _c10d_functional._wrap_tensor_autograd)
 
 from tpu_kernels.distributed import checks, compiled, groups, work
 from tpu_kernels.distributed.c10d_ops import all_to_all_rows

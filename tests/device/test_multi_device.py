@@ -122,7 +122,6 @@ def results() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.xfail(reason='on merged main the subprocess saw device_count() != 2 once (XLA_FLAGS host device count); passed on its branch: review', strict=False)
 def test_two_devices(results):
     assert results["basics"] == "OK", results["basics"]
 

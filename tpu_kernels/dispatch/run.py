@@ -8,7 +8,7 @@ calls, and wraps.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
@@ -49,17 +49,11 @@ def _state(op: OpOverload) -> _OpState:
     return s
 
 
-def _handler(op: OpOverload) -> Callable | None:
-    return _state(op).handler
-
-
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
     if errors.pending() and not errors.on_worker_thread():
         errors.raise_pending()
-    s = _OPS.get(id(op))
-    if s is None or s.op is not op or s.epoch != REGISTRY.epoch:
-        s = _state(op)
+    s = _state(op)
     if s.handler is not None:
         return s.handler(op, args, kwargs)
     if not kwargs and not devices.several:   # (its key does not hold the tensors' devices)

@@ -1,0 +1,95 @@
+"""Matching helpers for the graph pattern rules: what a Dynamo graph node calls, its
+arguments, its users and its example value's shape and dtype."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+MUL = (operator.mul, torch.mul, "mul")
+ADD = (operator.add, torch.add, "add")
+SUB = (operator.sub, torch.sub, "sub")
+DIV = (operator.truediv, torch.div, "div")
+NEG = (operator.neg, torch.neg, "neg")
+MATMUL = (operator.matmul, torch.matmul, "matmul", torch.bmm, "bmm")
+SQRT = (torch.sqrt, "sqrt")
+RSQRT = (torch.rsqrt, "rsqrt")
+
+
+def is_call(node: Any, *targets: Any) -> bool:
+    """``node`` calls one of ``targets`` (functions, or method names as strings)."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_function":
+        return node.target in targets
+    return node.op == "call_method" and node.target in targets
+
+
+def arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
+    """Argument ``i`` (positional) or ``name`` (keyword) of ``node``'s call."""
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def only_user(node: Any, user: fx.Node) -> bool:
+    """``node`` is a graph value that ``user`` alone reads."""
+    return isinstance(node, fx.Node) and list(node.users) == [user]
+
+
+def value(node: Any) -> torch.Tensor | None:
+    """The fake tensor Dynamo recorded for ``node`` (None for anything else)."""
+    val = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def shape(node: Any) -> tuple | None:
+    val = value(node)
+    return tuple(val.shape) if val is not None else None
+
+
+def dtype(node: Any) -> torch.dtype | None:
+    val = value(node)
+    return val.dtype if val is not None else None
+
+
+def operands(node: fx.Node) -> tuple[Any, Any]:
+    """The two operands of a binary call (``a * b``, ``torch.mul(a, b)``, ``a.mul(b)``)."""
+    return arg(node, 0, "input"), arg(node, 1, "other")
+
+
+def binary(node: Any, *targets: Any) -> tuple[Any, Any] | None:
+    """The operands of ``node`` when it is a plain binary call to one of ``targets``."""
+    if not is_call(node, *targets) or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args[0], node.args[1]
+
+
+def is_last_dim(node: Any, dim: Any) -> bool:
+    """``dim`` (an int or a one-element list) names the last dim of ``node``'s value."""
+    if isinstance(dim, (tuple, list)):
+        if len(dim) != 1:
+            return False
+        dim = dim[0]
+    s = shape(node)
+    return isinstance(dim, int) and s is not None and len(s) > 0 and dim in (-1, len(s) - 1)
+
+
+def position(node: fx.Node) -> int:
+    return next(i for i, n in enumerate(node.graph.nodes) if n is node)
+
+
+def replace(node: fx.Node, new: fx.Node) -> None:
+    """Send ``node``'s users to ``new``, which computes the same value (its example value
+    goes with it, for the rules that run later)."""
+    if "example_value" in node.meta:
+        new.meta["example_value"] = node.meta["example_value"]
+    node.replace_all_uses_with(new)
+
+
+def full_slice_then(index: Any, rank: int, last: Any) -> bool:
+    """``index`` is ``x[..., last]`` spelled ``(Ellipsis, last)`` or with ``rank - 1`` full slices first."""
+    if not isinstance(index, tuple) or not index or index[-1] != last:
+        return False
+    head = index[:-1]
+    return head == (Ellipsis,) or (len(head) == rank - 1 and all(h == slice(None) for h in head))

@@ -1,8 +1,14 @@
 """The kernels a compiled training step of a real model reaches: the tiny transformers
 models' ``torch.compile(backend="tpu")`` forward and backward graphs, captured and lowered
-for v6e (``aot.training.kernels_used``), run RMSNorm, RoPE, SwiGLU/GeGLU, flash attention,
-cross entropy and grouped matmul (MoE) as kernels where the model has them: the graph
-pattern rewrites turn the models' hand-written code into the kernel ops.
+for v6e (``aot.training.kernels_used``), run RMSNorm, LayerNorm, RoPE, SwiGLU/GeGLU,
+flash attention, (linear) cross entropy and grouped matmul (MoE) as kernels where the
+model has them: the graph pattern rewrites turn the models' hand-written code into the
+kernel ops (``tpu_kernels/graph_patterns``). The eager-attention variants show the
+hand-written softmax-then-matmul attention reaching flash attention; Cohere its
+interleaved rotary embedding and hand-written LayerNorm. The loss is written outside the
+model, as training loops do: ``F.cross_entropy`` of the lm head's logits becomes the
+fused linear cross entropy, except where a float32 upcast of bf16 logits (Qwen3-MoE
+here) keeps it the cross entropy kernel.
 
 The cost model is off here: the question is which kernels the graphs reach, not whether
 each beats XLA at these tiny shapes (``tests/aot/test_models_compile.py`` has that).
@@ -25,22 +31,37 @@ from tpu_kernels.registry import REGISTRY
 pytestmark = pytest.mark.skipif(aot.unavailable_reason() is not None, reason=str(aot.unavailable_reason()))
 
 FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
-COMMON = {f"{FLASH}.default", f"{FLASH}_backward.default", "tpu_kernels.cross_entropy.default",
-          "aten.mm.default", "aten.embedding.default", "aten.embedding_dense_backward.default"}
+COMMON = {f"{FLASH}.default", f"{FLASH}_backward.default", "aten.mm.default", "aten.embedding.default",
+          "aten.embedding_dense_backward.default"}
+LCE, CE = {"tpu_kernels.linear_cross_entropy.default"}, {"tpu_kernels.cross_entropy.default"}
 RMS = {"aten._fused_rms_norm.default", "aten._fused_rms_norm_backward.default", "tpu_kernels.rope.default"}
+LN = {"aten.native_layer_norm.default", "aten.native_layer_norm_backward.default"}
+SWIGLU = {"tpu_kernels.swiglu.default", "tpu_kernels.swiglu_backward.default"}
+GPT2 = dict(n_embd=H, n_layer=L, n_head=NH, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 MODELS = {   # builder, dtype, the kernel ops its step must reach
-    "llama": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, **LLAMA_LIKE), torch.float32,
-              COMMON | RMS | {"tpu_kernels.swiglu.default", "tpu_kernels.swiglu_backward.default"}),
+    "llama": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, **LLAMA_LIKE), torch.float32, COMMON | RMS | SWIGLU | LCE),
     "gemma": (lm(tf.GemmaForCausalLM, tf.GemmaConfig, head_dim=8, **LLAMA_LIKE), torch.float32,
-              COMMON | RMS | {"tpu_kernels.geglu.default", "tpu_kernels.geglu_backward.default"}),
+              COMMON | RMS | LCE | {"tpu_kernels.geglu.default", "tpu_kernels.geglu_backward.default"}),
     # torch._grouped_mm takes bf16 only
     "qwen3_moe": (lm(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig, head_dim=8, num_experts=4, num_experts_per_tok=2,
                      moe_intermediate_size=I, decoder_sparse_step=1, **LLAMA_LIKE), torch.bfloat16,
-                  COMMON | RMS | {"tpu_kernels.swiglu.default", "aten._grouped_mm.default", "aten.topk.default"}),
-    "gpt2": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=L, n_head=NH, n_positions=64, resid_pdrop=0.0,
-                embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), torch.float32,
-             COMMON | {"aten.addmm.default", "aten.native_layer_norm.default",
-                       "aten.native_layer_norm_backward.default"}),
+                  COMMON | RMS | SWIGLU | CE | {"aten._grouped_mm.default", "aten.topk.default"}),
+    "gpt2": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, attn="sdpa", **GPT2), torch.float32,
+             COMMON | LN | LCE | {"aten.addmm.default"}),
+    # hand-written attention (eager_attention_forward) -> flash attention
+    "llama_eager": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, attn="eager", **LLAMA_LIKE), torch.float32,
+                    COMMON | RMS | SWIGLU | LCE),
+    "gpt2_eager": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, attn="eager", **GPT2), torch.float32,
+                   COMMON | LN | LCE | {"aten.addmm.default"}),
+    # interleaved rotary embedding, hand-written LayerNorm (no bias); logits scaled: no fused linear CE
+    "cohere": (lm(tf.CohereForCausalLM, tf.CohereConfig, **LLAMA_LIKE), torch.float32,
+               COMMON | LN | SWIGLU | CE | {"tpu_kernels.rope.default"}),
+}
+GONE = {   # hand-written ops the rewrites must have removed from the step's graphs
+    "llama": {"aten.rsqrt.default", "aten.neg.default"}, "gemma": {"aten.rsqrt.default", "aten.neg.default"},
+    "qwen3_moe": {"aten.rsqrt.default", "aten.neg.default"}, "gpt2": set(),
+    "llama_eager": {"aten.rsqrt.default", "aten.neg.default", "aten._softmax.default"},
+    "gpt2_eager": {"aten._softmax.default"}, "cohere": {"aten.neg.default", "aten.rsqrt.default"},
 }
 
 
@@ -67,9 +88,8 @@ def _check(name: str) -> None:
     want = MODELS[name][2]
     reached = set(used["forward"]) | set(used["backward"])
     assert want <= reached, (name, sorted(want - reached), used)
-    if RMS <= want:           # the hand-written norms and rotate_half (its neg) are gone
-        ops = {str(n.target) for g in captured for n in g.program.gm.graph.nodes}
-        assert "aten.rsqrt.default" not in ops and "aten.neg.default" not in ops, sorted(ops)
+    ops = {str(n.target) for g in captured for n in g.program.gm.graph.nodes}
+    assert not GONE[name] & ops, (name, sorted(GONE[name] & ops))
 
 
 def test_llama_step_reaches_its_kernels():
@@ -77,6 +97,6 @@ def test_llama_step_reaches_its_kernels():
 
 
 @pytest.mark.thorough   # 10-30 s each
-@pytest.mark.parametrize("name", ["gemma", "qwen3_moe", "gpt2"])
+@pytest.mark.parametrize("name", ["gemma", "qwen3_moe", "gpt2", "llama_eager", "gpt2_eager", "cohere"])
 def test_step_reaches_its_kernels(name):
     _check(name)

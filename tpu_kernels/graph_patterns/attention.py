@@ -147,8 +147,9 @@ def attention(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
     if found is None:
         return []
     q, k, scale = found
-    if any(shape(t) is None or len(shape(t)) != 4 or dtype(t) != q_dtype for t in (q, k, v)):
-        return []
+    if any(shape(t) is None or len(shape(t)) != 4 or dtype(t) != q_dtype or shape(t)[:2] != shape(q)[:2]
+           for t in (q, k, v)):
+        return []              # one batch and head count (a broadcasting matmul is not sdpa's)
     mask, causal = masked[1], masked[2]
     with graph.inserting_before(node):
         if isinstance(mask, tuple):        # a boolean mask filled with the lowest value: additive

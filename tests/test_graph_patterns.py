@@ -56,7 +56,7 @@ def test_patterns_are_rewritten_and_match_cpu(monkeypatch):
     out.backward()
     ref = _block(*cpu)
     ref.backward()
-    done = {k: v - before.get(k, 0) for k, v in graph_patterns.REWRITES.items()}
+    done = {k: v - before.get(k, 0) for k, v in graph_patterns.REWRITES.items() if v != before.get(k, 0)}
     assert done == {"rms_norm": 2, "swiglu/geglu": 2, "rope": 1}, done
     targets = _targets(n)
     for op in ("aten._fused_rms_norm.default", "aten._fused_rms_norm_backward.default", "tpu_kernels.swiglu.default",

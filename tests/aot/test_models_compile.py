@@ -44,7 +44,7 @@ def test_llama_shaped():
     with REGISTRY.cost_model(False):
         [report] = training.compile_model(configs.llama_small(), ["v6e"])
     _check(report, {"matmul", "flash_attention_fwd", "flash_attention_dq", "flash_attention_dkv",
-                    "cross_entropy_fwd", "embedding_gather",
+                    "linear_cross_entropy_fwd", "embedding_gather",
                     "embedding_scatter_add", "fused_adamw"})
 
 

@@ -31,12 +31,14 @@ from tpu_kernels.pallas.tpu_info import round_up
 
 Blocks = tuple[int, int, int]   # (bm, bn, bk)
 
-# Largest (bm, bn, bk) by MXU width and shape class. 256-wide MXUs (v6e, v7) want
-# multiples of 256 on n and k; skinny-m (decode-like) problems spend VMEM on n and k.
+# Largest (bm, bn, bk) by MXU width and shape class; the modelled time picks below
+# them. v6e/v7 need bm x bn of 1024 x 2048 for a square bf16 matmul to reach their
+# ridge points (~560 and ~313 flop/byte); skinny-m (decode-like) problems spend VMEM
+# on n and k.
 _CAP: dict[tuple[int, str], Blocks] = {
-    (128, "square"): (512, 512, 512),
+    (128, "square"): (512, 1024, 512),
     (128, "skinny"): (128, 1024, 1024),
-    (256, "square"): (512, 1024, 1024),
+    (256, "square"): (1024, 2048, 1024),
     (256, "skinny"): (256, 2048, 1024),
 }
 _SUPPORTED = ("float32", "bfloat16")

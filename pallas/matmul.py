@@ -83,7 +83,8 @@ def _candidates(d: int, align: int, cap: int) -> list[int]:
 
 def modelled_seconds(m: int, n: int, k: int, blocks: Blocks, dtype, chip: tpu_info.Chip) -> float:
     """The grid's time on ``chip``: MXU work of whole blocks (edge blocks included, n and
-    k rounded to the MXU width), HBM traffic with re-fetches, and a cost per step."""
+    k rounded to the MXU width), HBM traffic with re-fetches, a cost per step, and the
+    pipeline's exposed ends (the first blocks' fetch, the last output block's write)."""
     bm, bn, bk = blocks
     gm, gn, gk = _cdiv(m, bm), _cdiv(n, bn), _cdiv(k, bk)
     mxu, isz = chip.mxu, jnp.dtype(dtype).itemsize
@@ -91,8 +92,9 @@ def modelled_seconds(m: int, n: int, k: int, blocks: Blocks, dtype, chip: tpu_in
     if jnp.dtype(dtype) == jnp.float32:
         flops *= _F32_PASSES
     traffic = (m * k * gn + k * n * gm + m * n) * isz
+    exposed = (min(bm, m) * min(bk, k) + min(bk, k) * min(bn, n) + min(bm, m) * min(bn, n)) * isz
     return (max(flops / chip.bf16_flops, traffic / chip.hbm_bytes_per_s)
-            + gm * gn * gk * _STEP_SECONDS)
+            + (gm * gn * gk * _STEP_SECONDS) + exposed / chip.hbm_bytes_per_s)
 
 
 def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip, *,

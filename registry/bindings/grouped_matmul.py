@@ -11,9 +11,16 @@ from tpu_kernels.registry.dtypes import to_jax_dtype
 gmm = kernel_module("tpu_kernels.pallas.grouped_matmul")
 
 
-@tpu_kernel("tpu_kernels::ragged_dot", kind="pallas",
-            supports=lambda lhs, rhs, group_sizes: gmm.supports(
-                lhs.shape, to_jax_dtype(lhs.dtype), rhs.shape, to_jax_dtype(rhs.dtype), group_sizes.shape, to_jax_dtype(group_sizes.dtype)))
+def _supports(lhs, rhs, groups):
+    """The kernel's limits, with one group per rhs slice (the kernel's group offset, for
+    a shard of the experts, is not part of these ops)."""
+    if rhs.dim() == 3 and groups.dim() == 1 and rhs.shape[0] != groups.shape[0]:
+        return f"{rhs.shape[0]} rhs groups but {groups.shape[0]} group sizes/offsets"
+    return gmm.supports(lhs.shape, to_jax_dtype(lhs.dtype), rhs.shape, to_jax_dtype(rhs.dtype),
+                        groups.shape, to_jax_dtype(groups.dtype))
+
+
+@tpu_kernel("tpu_kernels::ragged_dot", kind="pallas", supports=_supports)
 def ragged_dot(lhs, rhs, group_sizes):
     return gmm.ragged_dot(lhs, rhs, group_sizes)
 
@@ -23,7 +30,7 @@ def _grouped_mm_supports(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         return "only the 2-D x 3-D (tokens x experts) case with offsets"
     if bias is not None or (out_dtype is not None and out_dtype != mat_a.dtype):
         return "bias and out_dtype run on the XLA path"
-    return gmm.supports(mat_a.shape, to_jax_dtype(mat_a.dtype), mat_b.shape, to_jax_dtype(mat_b.dtype), offs.shape, to_jax_dtype(offs.dtype))
+    return _supports(mat_a, mat_b, offs)
 
 
 @tpu_kernel("aten::_grouped_mm", kind="pallas", supports=_grouped_mm_supports)

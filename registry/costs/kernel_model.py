@@ -87,7 +87,7 @@ class _Acc:
         est = eqn.params["cost_estimate"]
         mapping = eqn.params.get("grid_mapping")
         grid = tuple(mapping.grid) if mapping is not None else ()   # Helion pipelines inside
-        steps = math.prod(int(g) for g in grid) if grid else 1
+        steps = math.prod(_extent(g, eqn, mapping) for g in grid) if grid else 1
         flops = float(est.flops) if est is not None else 0.0
         moved = float(est.bytes_accessed) if est is not None else sum(
             _nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars))
@@ -102,6 +102,17 @@ class _Acc:
     def result(self) -> Modelled:
         return Modelled(self.row.name, self.flops, self.kbytes, self.wbytes, self.steps,
                         self.kernels, self.seconds)
+
+
+def _extent(g: Any, eqn: Any, mapping: Any) -> int:
+    """A grid axis's step count. A dynamic axis (a work list sized by the data, e.g. the
+    grouped matmul's) counts at its bound: the length of the first scalar-prefetch
+    operand, the list it walks."""
+    if isinstance(g, int):
+        return g
+    lists = eqn.invars[mapping.num_dynamic_grid_bounds:]
+    shape = getattr(lists[0].aval, "shape", ()) if lists else ()
+    return int(shape[0]) if shape else 1
 
 
 def _subjaxprs(eqn: Any) -> list:

@@ -80,23 +80,50 @@ def test_tgmm_and_transposed_gmm_directly():
            ref.gmm(grad, jnp.swapaxes(w, 1, 2), gs), jnp.float32)
 
 
-@partial(jax.jit, static_argnums=(1, 2))
-def _gmm_work_list(sizes, m, tm):
-    return gm._work_list(sizes, m, -(-m // tm) * tm, tm, with_tail=True, visit_empty=False)
+def test_group_offset_runs_a_shard_of_the_experts():
+    """rhs holds experts [2, 5) of 6 (a sharded MoE layer): rows of other experts give 0
+    and their gradient 0; the shard's rhs gradient matches the full layer's rows 2..4."""
+    sizes = jnp.array([40, 0, 70, 0, 90, 30], jnp.int32)      # uneven, empty, ragged tail
+    m, k, n, lo, hi = 240, 70, 129, 2, 5
+    lhs, full = _rand(0, (m, k), jnp.float32), _rand(1, (6, k, n), jnp.float32)
+    keep = jnp.zeros((6, 1, 1)).at[lo:hi].set(1.0)
+    g = _rand(2, (m, n), jnp.float32)
+    out_k, vjp_k = jax.vjp(lambda a, b: gm.ragged_dot(a, b, sizes, group_offset=lo, block=SMALL),
+                           lhs, full[lo:hi])
+    out_r, vjp_r = jax.vjp(lambda a, b: ref.ragged_dot(a, b * keep, sizes), lhs, full)
+    dlhs_k, drhs_k = vjp_k(g)
+    dlhs_r, drhs_r = vjp_r(g)
+    _close(out_k, out_r, jnp.float32, "out")
+    _close(dlhs_k, dlhs_r, jnp.float32, "dlhs")
+    _close(drhs_k, drhs_r[lo:hi], jnp.float32, "drhs")
+    assert not np.asarray(out_k[:40]).any() and not np.asarray(out_k[200:]).any()
+
+
+@partial(jax.jit, static_argnums=(1, 2, 3))
+def _gmm_work_list(sizes, m, tm, offset):
+    starts, ends = gm._local_groups(sizes, offset, 3, m)
+    return gm._work_list(starts, ends, -(-m // tm), tm, zero_fill=True, last_kk=5)
 
 
 @given(st.lists(st.integers(0, 300), min_size=6, max_size=6), st.sampled_from([1, 129, 700]),
-       st.sampled_from([128, 256]))
-def test_work_list_covers_every_row_once_in_tile_order(sizes, m, tm):
-    group, tile, starts, ends, num = map(np.asarray, _gmm_work_list(jnp.array(sizes), m, tm))
-    n, mp = int(num[0]), -(-m // tm) * tm
-    assert n <= len(group) and np.all(np.diff(tile) >= 0) and np.all(np.diff(group) >= 0)
-    covered = np.zeros(mp, int)
-    for gi, ti in zip(group[:n], tile[:n]):
-        rows = np.arange(ti * tm, ti * tm + tm)
-        covered[rows] += (rows >= starts[gi]) & (rows < ends[gi])
-    assert np.all(covered == 1)                      # each row written by exactly one item
-    assert set(np.unique(tile[:n])) == set(range(mp // tm))   # every tile visited
+       st.sampled_from([128, 256]), st.sampled_from([0, 2, 3]))
+def test_work_list_covers_every_row_once_in_tile_order(sizes, m, tm, offset):
+    meta, num = _gmm_work_list(jnp.array(sizes), m, tm, offset)
+    tile, group, start, end, live, ftile, fgroup, pin = map(np.asarray, meta)
+    n, ntiles = int(num), -(-m // tm)
+    assert n <= len(tile) and np.all(np.diff(tile[:n]) >= 0)
+    covered = np.zeros(ntiles * tm, int)
+    for w in range(n):
+        rows = np.arange(tile[w] * tm, tile[w] * tm + tm)
+        covered[rows] += ((rows >= start[w]) & (rows < end[w])) * live[w]
+    ends = np.minimum(np.cumsum(sizes), m)
+    lo, hi = (ends[offset - 1] if offset else 0), ends[offset + 2]
+    assert np.all(covered[lo:hi] == 1) and not covered[:lo].any() and not covered[hi:].any()
+    assert set(tile[:n]) == set(range(ntiles))               # every tile visited (zero fill)
+    for w in range(n):                                       # idle items fetch nothing new
+        if not live[w] and live[:w].any():
+            prev = np.flatnonzero(live[:w])[-1]
+            assert (ftile[w], fgroup[w], pin[w]) == (tile[prev], group[prev], 5)
 
 
 def test_supports_reasons():
@@ -106,6 +133,7 @@ def test_supports_reasons():
     assert "mixed" in gm.supports((8, 16), "float32", (2, 16, 32), "bfloat16", (2,))
     assert "integer" in gm.supports((8, 16), "float32", (2, 16, 32), "float32", (2,), "float32")
     assert gm.supports((8, 16), "float32", (3, 16, 32), "float32", (2,)) == "shape mismatch"
+    assert gm.supports((8, 16), "float32", (2, 16, 32), "float32", (6,)) is None   # a shard
     assert "expects" in gm.supports((8, 16), "float32", (16, 32), "float32", (2,))
     with pytest.raises(ValueError):
         gm.ragged_dot(jnp.ones((8, 16)), jnp.ones((3, 16, 4)), jnp.ones((2,), jnp.int32))
@@ -126,7 +154,7 @@ def test_blocks_fit_vmem(gen, dtype):
     chip = tpu_info.CHIPS[gen]
     for m, k, n in [(8192, 4096, 14336), (16384, 7168, 2048), (512, 1024, 2048), (33, 70, 129)]:
         tm, tk, tn = gm.choose_blocks(m, k, n, dtype, chip)
-        assert tm % 128 == 0 and tk % 128 == 0 and tn % 128 == 0
+        assert tm % 128 == 0 and (tk % 128 == 0 or tk == k) and (tn % 128 == 0 or tn == n)
         assert gm.vmem_bytes((tm, tk, tn), dtype) <= tpu_info.vmem_budget(chip)
 
 

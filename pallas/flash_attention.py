@@ -1,6 +1,7 @@
 """Flash attention (forward + backward) as Pallas TPU kernels.
 
-Forward, per (batch, q head, q block i), streaming kv blocks j (reduction axis, last):
+Forward, per (batch, q head, q block i), streaming kv blocks j (reduction axis, last),
+only over j in the block table's range for i (other steps compute and fetch nothing):
 
     s   = (Q_i K_j^T) * scale (+ additive mask); masked entries -> NEG
     m'  = max(m, rowmax(s));  p = exp(s - m') on kept entries, 0 elsewhere
@@ -13,14 +14,19 @@ Backward recomputes p = exp(s - LSE) blockwise, with delta = rowsum(dO * O):
 
 dK/dV run one kernel per kv block whose reduction axis walks (q head of the kv group, q
 block), so grouped-query attention sums over the group without repeating K/V; dQ runs a
-second kernel that walks kv blocks. Causal masks are top-left aligned (torch's
-``is_causal``: keep col <= row); blocks above the diagonal are skipped and their index
-maps clamped so they fetch nothing new. The wrapper pads head_dim to a multiple of 128
-and sequences to block multiples (the kv tail is masked) and slices back. Statistics are
-f32 and lane-replicated (bq, 128), the TPU-friendly layout.
+second kernel that walks kv blocks.
+
+Kept entries: kv index < skv; causal (top-left, torch's ``is_causal``: col <= row);
+sliding ``window`` (row - col < window); equal segment ids (packed sequences); a dense
+mask (bool, or additive float where -inf masks). The structural ones are computed from
+iota in the kernel and give the block tables (``flash_blocks.py``) that skip blocks.
+Blocks span the whole head dim (no padding: a block dim equal to the array dim is legal);
+sequences pad to their blocks (the kv tail is masked). Statistics are f32 and
+lane-replicated (bq, 128), the TPU-friendly layout.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -29,59 +35,27 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpu_kernels.pallas import flash_blocks as fb
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas.flash_blocks import LANES, SUBLANES, Blocks, choose_blocks, vmem_bytes
 from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
-from tpu_kernels.pallas.tpu_info import round_up
 
-Blocks = tuple[int, int]   # (bq, bk)
-LANES = 128
+__all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd", "supports",
+           "choose_blocks", "vmem_bytes", "Blocks"]
+
 NEG = -1e30                # finite "minus infinity": keeps exp(m_prev - m_new) NaN-free
 MAX_HEAD_DIM = 512
 _NT = (((1,), (1,)), ((), ()))   # a @ b^T
-_TABLE: dict[int, Blocks] = {128: (256, 512), 256: (512, 512)}   # by MXU width
 _SUPPORTED = ("float32", "bfloat16")
-
-
-# --- block sizes and VMEM -------------------------------------------------------------
-
-def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0) -> int:
-    """Largest VMEM footprint of the three kernels (fwd, dq, dkv): double-buffered
-    blocks + f32 scratch + the f32 (bq, bk) temporaries of the body."""
-    bq, bk = blocks
-    d = round_up(head_dim, LANES)
-    isz = jnp.dtype(dtype).itemsize
-    stat = bq * LANES * 4                                  # one (bq, 128) f32 block
-    mask = 2 * bq * bk * mask_itemsize
-    fwd = (2 * (2 * bq * d + 2 * bk * d) * isz + 2 * stat   # q, o, k, v; lse out
-           + 2 * stat + bq * d * 4 + 2 * bq * bk * 4 + mask)   # m, l, acc; s, p
-    dq = (2 * (3 * bq * d + 2 * bk * d) * isz + 2 * 2 * stat  # q, do, dq, k, v; lse, delta
-          + bq * d * 4 + 4 * bq * bk * 4 + mask)              # acc; s, p, dp, ds
-    dkv = (2 * (2 * bq * d + 4 * bk * d) * isz + 2 * 2 * stat  # q, do, k, v, dk, dv
-           + 2 * bk * d * 4 + 4 * bq * bk * 4 + mask)
-    return max(fwd, dq, dkv)
-
-
-def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
-                  mask_itemsize: int = 0) -> Blocks:
-    """Table entry by MXU width, clamped to the padded sequences (multiples of 128, so
-    every dot has >= 128 on its contracting and lane sides), halved until it fits."""
-    bq, bk = _TABLE[128 if chip.mxu <= 128 else 256]
-    bq, bk = min(bq, round_up(sq, LANES)), min(bk, round_up(skv, LANES))
-    budget = tpu_info.vmem_budget(chip)
-    while vmem_bytes((bq, bk), head_dim, dtype, mask_itemsize) > budget:
-        if bk >= bq and bk > LANES:
-            bk //= 2
-        elif bq > LANES:
-            bq //= 2
-        else:
-            break
-    return bq, bk
+_SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
 
 
 def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, mask_shape=None,
              mask_dtype=None, *, causal: bool = False, dropout_p: float = 0.0,
-             scale: float | None = None) -> str | None:
-    """None when the kernels handle these arguments, else the reason they do not."""
+             scale: float | None = None, segment_ids_shapes=None,
+             window: int | None = None) -> str | None:
+    """None when the kernels handle these arguments, else the reason they do not.
+    ``segment_ids_shapes``: (q ids shape, kv ids shape) or None."""
     if dropout_p:
         return "dropout_p > 0 runs on the XLA path"
     for dt in (q_dtype, k_dtype, v_dtype):
@@ -102,6 +76,10 @@ def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, mask_shape=No
         return "empty input"
     if d > MAX_HEAD_DIM:
         return f"head_dim > {MAX_HEAD_DIM}"
+    if window is not None and (not causal or window < 1):
+        return "a sliding window needs causal=True and window >= 1"
+    if segment_ids_shapes is not None and tuple(map(tuple, segment_ids_shapes)) != ((b, sq), (b, skv)):
+        return f"segment ids must be [batch, sq] and [batch, skv] = {(b, sq)}, {(b, skv)}"
     if mask_shape is not None:
         mdt = jnp.dtype(mask_dtype) if mask_dtype is not None else jnp.dtype(bool)
         if mdt != jnp.bool_ and mdt.name not in _SUPPORTED:
@@ -116,23 +94,38 @@ def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, mask_shape=No
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    """Static options of one call (hashable: a custom_vjp nondiff argument)."""
+    causal: bool
+    window: int | None
+    scale: float
+    lay: fb.Layout
+    target: tpu_info.Target
+
+
 # --- kernel bodies ----------------------------------------------------------------------
 
-def _scores(q, k, mask, *, row0, col0, scale, causal, skv, precision):
+def _scores(q, k, mask, seg, *, row0, col0, cfg: _Cfg):
     """s = q k^T * scale (+ additive mask) in f32, and the kept-entry mask (None: all)."""
-    s = jax.lax.dot_general(q, k, _NT, precision=precision,
-                            preferred_element_type=jnp.float32) * scale
+    prec = _precision(q.dtype)
+    s = jax.lax.dot_general(q, k, _NT, precision=prec,
+                            preferred_element_type=jnp.float32) * cfg.scale
     keep = None
 
     def both(a, b_):
         return b_ if a is None else a & b_
 
     cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1) + col0
-    if skv % s.shape[1]:                    # padded kv tail
-        keep = both(keep, cols < skv)
-    if causal:
-        rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0) + row0
+    rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0) + row0
+    if cfg.lay.skv % s.shape[1]:            # padded kv tail
+        keep = both(keep, cols < cfg.lay.skv)
+    if cfg.causal:
         keep = both(keep, cols <= rows)
+    if cfg.window is not None:
+        keep = both(keep, rows - cols < cfg.window)
+    if seg is not None:                     # (bq, 128) lane- and (8, bk) sublane-replicated
+        keep = both(keep, seg[0][:, :1] == seg[1][:1, :])
     if mask is not None:
         if mask.dtype == jnp.int8:          # boolean mask, shipped as int8; compared in
             keep = both(keep, mask.astype(jnp.int32) != 0)   # 32-bit: the scores' layout
@@ -149,15 +142,26 @@ def _exp_kept(x, keep):
     return p if keep is None else jnp.where(keep, p, 0.0)
 
 
-def _causal_needed(i, j, bq, bk):
-    """Some (row, col) of block (i, j) has col <= row."""
-    return j * bk <= i * bq + bq - 1
+def _split(refs, n_in: int, has_seg: bool, has_mask: bool):
+    """(fixed inputs, segment refs or None, mask ref or None, outputs + scratch)."""
+    fixed, rest = refs[:n_in], refs[n_in:]
+    seg = (rest[0], rest[1]) if has_seg else None
+    rest = rest[2:] if has_seg else rest
+    mask = rest[0] if has_mask else None
+    return fixed, seg, mask, rest[1:] if has_mask else rest
 
 
-def _fwd_kernel(q_ref, k_ref, v_ref, *rest, scale, causal, skv, bq, bk, precision, has_mask):
-    mask_ref = rest[0] if has_mask else None
-    o_ref, lse_ref, m_sc, l_sc, acc_sc = rest[1:] if has_mask else rest
-    i, j = pl.program_id(2), pl.program_id(3)
+def _read(seg, mask):
+    """The (mask, segment ids) values for ``_scores``."""
+    return (None if mask is None else mask[...],
+            None if seg is None else (seg[0][...], seg[1][...]))
+
+
+def _fwd_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
+    (q_ref, k_ref, v_ref), seg, mask_ref, (o_ref, lse_ref, m_sc, l_sc, acc_sc) = _split(
+        refs, 3, has_seg, has_mask)
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    row = _row(b, i, cfg.lay.nq, batched)
 
     @pl.when(j == 0)
     def _init():
@@ -165,10 +169,10 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *rest, scale, causal, skv, bq, bk, precisio
         l_sc[...] = jnp.zeros_like(l_sc)
         acc_sc[...] = jnp.zeros_like(acc_sc)
 
+    @pl.when(fb.in_range(lo_ref[row], hi_ref[row], j))
     def _step():
-        s, keep = _scores(q_ref[...], k_ref[...], None if mask_ref is None else mask_ref[...],
-                          row0=i * bq, col0=j * bk, scale=scale, causal=causal, skv=skv,
-                          precision=precision)
+        s, keep = _scores(q_ref[...], k_ref[...], *_read(seg, mask_ref),
+                          row0=i * cfg.lay.bq, col0=j * cfg.lay.bk, cfg=cfg)
         m_prev = m_sc[...]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         p = _exp_kept(s - m_new[:, :1], keep)
@@ -177,9 +181,8 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *rest, scale, causal, skv, bq, bk, precisio
         m_sc[...] = m_new
         v = v_ref[...]
         acc_sc[...] = alpha[:, :1] * acc_sc[...] + jnp.dot(
-            p.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32)
-
-    pl.when(_causal_needed(i, j, bq, bk) if causal else True)(_step)
+            p.astype(v.dtype), v, precision=_precision(v.dtype),
+            preferred_element_type=jnp.float32)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -189,74 +192,68 @@ def _fwd_kernel(q_ref, k_ref, v_ref, *rest, scale, causal, skv, bq, bk, precisio
                                  -jnp.inf)
 
 
-def _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_ref, *, row0, col0,
-               scale, causal, skv, precision):
+def _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg, mask_ref, *, row0,
+               col0, cfg):
     """p and dS = p (dO V^T - delta) for one (q block, kv block), f32."""
-    s, keep = _scores(q_ref[...], k_ref[...], None if mask_ref is None else mask_ref[...],
-                      row0=row0, col0=col0, scale=scale, causal=causal, skv=skv,
-                      precision=precision)
+    s, keep = _scores(q_ref[...], k_ref[...], *_read(seg, mask_ref), row0=row0, col0=col0,
+                      cfg=cfg)
     p = _exp_kept(s - lse_ref[...][:, :1], keep)
-    dp = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, precision=precision,
+    dp = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, precision=_precision(v_ref.dtype),
                              preferred_element_type=jnp.float32)
     return p, p * (dp - delta_ref[...][:, :1])
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, scale, causal, skv,
-               bq, bk, precision, has_mask):
-    mask_ref = rest[0] if has_mask else None
-    dq_ref, acc_sc = rest[1:] if has_mask else rest
-    i, j = pl.program_id(2), pl.program_id(3)
+def _dq_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
+    ins, seg, mask_ref, (dq_ref, acc_sc) = _split(refs, 6, has_seg, has_mask)
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    row = _row(b, i, cfg.lay.nq, batched)
 
     @pl.when(j == 0)
     def _init():
         acc_sc[...] = jnp.zeros_like(acc_sc)
 
+    @pl.when(fb.in_range(lo_ref[row], hi_ref[row], j))
     def _step():
-        _, ds = _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_ref,
-                           row0=i * bq, col0=j * bk, scale=scale, causal=causal, skv=skv,
-                           precision=precision)
-        k = k_ref[...]
-        acc_sc[...] += jnp.dot(ds.astype(k.dtype), k, precision=precision,
+        _, ds = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
+                           cfg=cfg)
+        k = ins[1][...]
+        acc_sc[...] += jnp.dot(ds.astype(k.dtype), k, precision=_precision(k.dtype),
                                preferred_element_type=jnp.float32)
-
-    pl.when(_causal_needed(i, j, bq, bk) if causal else True)(_step)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
-        dq_ref[...] = (acc_sc[...] * scale).astype(dq_ref.dtype)
+        dq_ref[...] = (acc_sc[...] * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *rest, scale, causal, skv,
-                bq, bk, nq, precision, has_mask):
-    mask_ref = rest[0] if has_mask else None
-    dk_ref, dv_ref, dk_sc, dv_sc = rest[1:] if has_mask else rest
-    j, t = pl.program_id(2), pl.program_id(3)
-    i = _rem(t, nq)                             # t walks (q head in group, q block)
+def _dkv_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
+    ins, seg, mask_ref, (dk_ref, dv_ref, dk_sc, dv_sc) = _split(refs, 6, has_seg, has_mask)
+    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    i = _rem(t, cfg.lay.nq)                       # t walks (q head in group, q block)
+    col = _row(b, j, cfg.lay.nk, batched)
 
     @pl.when(t == 0)
     def _init():
         dk_sc[...] = jnp.zeros_like(dk_sc)
         dv_sc[...] = jnp.zeros_like(dv_sc)
 
+    @pl.when(fb.in_range(lo_ref[col], hi_ref[col], i))
     def _step():
-        p, ds = _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, mask_ref,
-                           row0=i * bq, col0=j * bk, scale=scale, causal=causal, skv=skv,
-                           precision=precision)
-        q, do = q_ref[...], do_ref[...]
-        dv_sc[...] += jnp.dot(p.T.astype(do.dtype), do, precision=precision,
+        p, ds = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
+                           cfg=cfg)
+        q, do = ins[0][...], ins[3][...]
+        prec = _precision(q.dtype)
+        dv_sc[...] += jnp.dot(p.T.astype(do.dtype), do, precision=prec,
                               preferred_element_type=jnp.float32)
-        dk_sc[...] += jnp.dot(ds.T.astype(q.dtype), q, precision=precision,
+        dk_sc[...] += jnp.dot(ds.T.astype(q.dtype), q, precision=prec,
                               preferred_element_type=jnp.float32)
-
-    pl.when(_causal_needed(i, j, bq, bk) if causal else True)(_step)
 
     @pl.when(t == pl.num_programs(3) - 1)
     def _finish():
-        dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
+        dk_ref[...] = (dk_sc[...] * cfg.scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
-# --- BlockSpecs, grids, pallas_calls ---------------------------------------------------
+# --- index helpers ----------------------------------------------------------------------
 
 def _div(a, b: int):
     """Truncating a / b for non-negative int32 grid indices (lax.div, not //: floor
@@ -269,172 +266,9 @@ def _rem(a, b: int):
     return jax.lax.rem(a, jnp.asarray(b, a.dtype))
 
 
-_SEMANTICS = ("parallel", "parallel", "parallel", "arbitrary")
-
-
-def _cost(q, k, mask, blocks: Blocks, *, causal: bool, matmuls: int, q_major: bool):
-    """``matmuls`` (sq x d x skv) products and one exp per kept score; HBM traffic: the
-    outer operand once, the streamed one once per outer block (kv streamed past q blocks
-    for the forward and dq, q and dO streamed past kv blocks for dK/dV)."""
-    b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    kept = 0.5 if causal else 1.0
-    scores = b * hq * sq * skv * kept
-    isz = q.dtype.itemsize
-    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block
-        traffic = 3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * (sq // blocks[0]) * kept
-    else:           # k, v, dk, dv once; q and dO once per kv block
-        traffic = 4 * k.size * isz + 2 * q.size * isz * (skv // blocks[1]) * kept
-    if mask is not None:
-        traffic += mask.size * mask.dtype.itemsize
-    return cost(2 * matmuls * scores * d, traffic, scores)
-
-
-def _mask_spec(mask, bq, bk, head_of, rows_of, cols_of):
-    """BlockSpec for a [1|b, 1|hq, sq, skv] mask; broadcast dims always read block 0."""
-    mb, mh = mask.shape[:2]
-    return pl.BlockSpec(
-        (None, None, bq, bk),
-        lambda b, x, y, z: (b if mb > 1 else 0, head_of(x, y, z) if mh > 1 else 0,
-                            rows_of(x, y, z), cols_of(x, y, z)))
-
-
-def _kv_block(causal, bq, bk):
-    """kv block index to fetch at (q block i, step j): causal steps above the diagonal
-    repeat the last needed block, so the pipeline issues no new copy for them."""
-    if not causal:
-        return lambda i, j: j
-    return lambda i, j: jnp.minimum(j, _div(i * bq + bq - 1, bk))
-
-
-def _q_major_specs(rep: int, blocks, causal: bool, d: int, mask):
-    """BlockSpecs of the kernels whose grid is (batch, q head, q block, kv block): the
-    forward and dq. The kv head is the q head's group (GQA without repeated kv)."""
-    bq, bk = blocks
-    kvb = _kv_block(causal, bq, bk)
-    qspec = pl.BlockSpec((None, None, bq, d), lambda b_, h, i, j: (b_, h, i, 0))
-    kvspec = pl.BlockSpec((None, None, bk, d),
-                          lambda b_, h, i, j: (b_, _div(h, rep), kvb(i, j), 0))
-    stat = pl.BlockSpec((None, None, bq, LANES), lambda b_, h, i, j: (b_, h, i, 0))
-    mspec = None if mask is None else _mask_spec(
-        mask, bq, bk, lambda h, i, j: h, lambda h, i, j: i, lambda h, i, j: kvb(i, j))
-    return qspec, kvspec, stat, mspec
-
-
-def _fwd_call(q, k, v, mask, *, scale, causal, skv, blocks, precision, target):
-    b, hq, sqp, d = q.shape
-    rep, skvp = hq // k.shape[1], k.shape[2]
-    bq, bk = blocks
-    qspec, kvspec, stat, mspec = _q_major_specs(rep, blocks, causal, d, mask)
-    in_specs, args = [qspec, kvspec, kvspec], [q, k, v]
-    if mask is not None:
-        in_specs.append(mspec)
-        args.append(mask)
-    kernel = functools.partial(_fwd_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
-                               bk=bk, precision=precision, has_mask=mask is not None)
-    return pallas_call(
-        kernel,
-        target=target,
-        name="flash_attention_fwd",
-        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=2, q_major=True),
-        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
-        dimension_semantics=_SEMANTICS,
-        grid=(b, hq, sqp // bq, skvp // bk),
-        in_specs=in_specs,
-        out_specs=[qspec, stat],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((b, hq, sqp, LANES), jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((bq, LANES), jnp.float32),
-                        pltpu.VMEM((bq, LANES), jnp.float32),
-                        pltpu.VMEM((bq, d), jnp.float32)],
-    )(*args)
-
-
-def _dq_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, precision,
-             target):
-    b, hq, sqp, d = q.shape
-    rep, skvp = hq // k.shape[1], k.shape[2]
-    bq, bk = blocks
-    qspec, kvspec, stat, mspec = _q_major_specs(rep, blocks, causal, d, mask)
-    in_specs, args = [qspec, kvspec, kvspec, qspec, stat, stat], [q, k, v, do, lse, delta]
-    if mask is not None:
-        in_specs.append(mspec)
-        args.append(mask)
-    kernel = functools.partial(_dq_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
-                               bk=bk, precision=precision, has_mask=mask is not None)
-    return pallas_call(
-        kernel,
-        target=target,
-        name="flash_attention_dq",
-        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=3, q_major=True),
-        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
-        dimension_semantics=_SEMANTICS,
-        grid=(b, hq, sqp // bq, skvp // bk),
-        in_specs=in_specs,
-        out_specs=qspec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32)],
-    )(*args)
-
-
-def _dkv_call(q, k, v, do, lse, delta, mask, *, scale, causal, skv, blocks, precision,
-              target):
-    b, hq, sqp, d = q.shape
-    hkv, skvp = k.shape[1], k.shape[2]
-    rep = hq // hkv
-    bq, bk = blocks
-    nq = sqp // bq
-
-    def head(g, j, t):              # q head of step t in kv head g's group
-        return g * rep + _div(t, nq)
-
-    def qblk(g, j, t):              # causal: skip-steps below the first needed q block
-        i = _rem(t, nq)
-        return jnp.minimum(jnp.maximum(i, _div(j * bk, bq)), nq - 1) if causal else i
-
-    qspec = pl.BlockSpec((None, None, bq, d),
-                         lambda b_, g, j, t: (b_, head(g, j, t), qblk(g, j, t), 0))
-    stat = pl.BlockSpec((None, None, bq, LANES),
-                        lambda b_, g, j, t: (b_, head(g, j, t), qblk(g, j, t), 0))
-    kvspec = pl.BlockSpec((None, None, bk, d), lambda b_, g, j, t: (b_, g, j, 0))
-    in_specs, args = [qspec, kvspec, kvspec, qspec, stat, stat], [q, k, v, do, lse, delta]
-    if mask is not None:
-        in_specs.append(_mask_spec(mask, bq, bk, head, qblk, lambda g, j, t: j))
-        args.append(mask)
-    kernel = functools.partial(_dkv_kernel, scale=scale, causal=causal, skv=skv, bq=bq,
-                               bk=bk, nq=nq, precision=precision, has_mask=mask is not None)
-    return pallas_call(
-        kernel,
-        target=target,
-        name="flash_attention_dkv",
-        cost_estimate=_cost(q, k, mask, blocks, causal=causal, matmuls=4, q_major=False),
-        vmem_bytes=vmem_bytes(blocks, d, q.dtype, _mask_itemsize(mask)),
-        dimension_semantics=_SEMANTICS,
-        grid=(b, hkv, skvp // bk, rep * nq),
-        in_specs=in_specs,
-        out_specs=[kvspec, kvspec],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
-    )(*args)
-
-
-# --- wrapper: padding, custom_vjp -------------------------------------------------------
-
-def _mask_itemsize(mask) -> int:
-    return 0 if mask is None else mask.dtype.itemsize
-
-
-def _prep_mask(mask, b, hq, sq, skv, sqp, skvp):
-    """Mask -> [1|b, 1|hq, sqp, skvp]: bool becomes int8 (1 = keep, padding 0); float
-    stays additive (padding 0: the kv tail is masked by index anyway)."""
-    if mask is None:
-        return None
-    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    mask = jnp.broadcast_to(mask, mask.shape[:2] + (sq, skv))
-    if mask.dtype == jnp.bool_:
-        mask = mask.astype(jnp.int8)
-    return pad_to(mask, mask.shape[:2] + (sqp, skvp))
+def _row(b, i, n: int, batched: bool):
+    """Flat block-table index of (batch b, block i): tables are per batch or shared."""
+    return b * n + i if batched else i
 
 
 def _precision(dtype):
@@ -442,81 +276,236 @@ def _precision(dtype):
             else jax.lax.Precision.DEFAULT)
 
 
-def _forward(q, k, v, mask, opts):
-    """Padded forward: returns (out, lse) at padded shapes plus the padded operands."""
-    causal, scale, blocks, target = opts
-    b, hq, sq, d = q.shape
-    skv = k.shape[2]
-    dp = round_up(d, LANES)
-    bq, bk = blocks
-    sqp, skvp = round_up(sq, bq), round_up(skv, bk)
-    qp = pad_to(q, (b, hq, sqp, dp))
-    kp = pad_to(k, k.shape[:2] + (skvp, dp))
-    vp = pad_to(v, v.shape[:2] + (skvp, dp))
-    mp = _prep_mask(mask, b, hq, sq, skv, sqp, skvp)
-    kw = dict(scale=scale, causal=causal, skv=skv, blocks=blocks,
-              precision=_precision(q.dtype), target=target)
-    o, lse = _fwd_call(qp, kp, vp, mp, **kw)
-    return o, lse, (qp, kp, vp, mp), kw
+# --- BlockSpecs, grids, pallas_calls, cost -------------------------------------------------
+
+def _cost(q, k, mask, seg, cfg: _Cfg, fraction: float, *, matmuls: int, q_major: bool):
+    """``matmuls`` (sq x d x skv) products and one exp per score of a needed block
+    (``fraction`` of all blocks); HBM traffic: the outer operand once, the streamed one
+    once per outer block over the needed blocks (kv streamed past q blocks for the forward
+    and dq, q and dO streamed past kv blocks for dK/dV). Padding included."""
+    b, hq, sqp, d = q.shape
+    hkv, skvp = k.shape[1], k.shape[2]
+    lay = cfg.lay
+    scores = b * hq * sqp * skvp * fraction
+    isz = q.dtype.itemsize
+    stats = 2 * b * hq * sqp * LANES * 4                 # lse, delta (lse out in the fwd)
+    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block
+        traffic = 3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * lay.nq * fraction + stats
+    else:           # k, v, dk, dv once; q, dO and the stats once per kv block
+        traffic = 4 * k.size * isz + (2 * q.size * isz + stats) * lay.nk * fraction
+    if mask is not None:
+        traffic += mask.size * mask.dtype.itemsize * fraction
+    if seg is not None:
+        qs, ks = seg[0].size * 4, seg[1].size * 4
+        traffic += (qs + ks * hq * lay.nq * fraction) if q_major else (ks + qs * hq * lay.nk * fraction)
+    return cost(2 * matmuls * scores * d, traffic, scores)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask, opts):
-    o, _, _, _ = _forward(q, k, v, mask, opts)
-    return o[:, :, :q.shape[2], :q.shape[3]]
+def _extra_specs(seg, mask, bq, bk, batch_of, head_of, rows_of, cols_of):
+    """BlockSpecs of the segment ids and of a [1|b, 1|hq, sqp, skvp] mask (broadcast dims
+    always read block 0); index maps take (grid indices, lo_ref, hi_ref)."""
+    specs = []
+    if seg is not None:
+        specs += [pl.BlockSpec((None, bq, LANES), lambda *a: (batch_of(*a), rows_of(*a), 0)),
+                  pl.BlockSpec((None, SUBLANES, bk), lambda *a: (batch_of(*a), 0, cols_of(*a)))]
+    if mask is not None:
+        mb, mh = mask.shape[:2]
+        specs.append(pl.BlockSpec(
+            (None, None, bq, bk),
+            lambda *a: (batch_of(*a) if mb > 1 else 0, head_of(*a) if mh > 1 else 0,
+                        rows_of(*a), cols_of(*a))))
+    return specs
 
 
-def _attention_fwd(q, k, v, mask, opts):
-    o, lse, padded, _ = _forward(q, k, v, mask, opts)
-    return o[:, :, :q.shape[2], :q.shape[3]], (padded, o, lse, q.shape, k.shape)
+def _q_major_specs(cfg: _Cfg, rep: int, d: int, seg, mask, batched: bool):
+    """BlockSpecs of the kernels whose grid is (batch, q head, q block, kv block): the
+    forward and dq. The kv head is the q head's group (GQA without repeated kv); steps
+    outside the q block's kv range refetch the range's nearest end (no new copy)."""
+    lay = cfg.lay
+
+    def kvb(b_, h, i, j, lo, hi):
+        r = _row(b_, i, lay.nq, batched)
+        return fb.clamp(j, lo[r], hi[r])
+
+    qspec = pl.BlockSpec((None, None, lay.bq, d), lambda b_, h, i, j, lo, hi: (b_, h, i, 0))
+    kvspec = pl.BlockSpec((None, None, lay.bk, d),
+                          lambda b_, h, i, j, lo, hi: (b_, _div(h, rep), kvb(b_, h, i, j, lo, hi), 0))
+    stat = pl.BlockSpec((None, None, lay.bq, LANES), lambda b_, h, i, j, lo, hi: (b_, h, i, 0))
+    extra = _extra_specs(seg, mask, lay.bq, lay.bk, lambda b_, *a: b_, lambda b_, h, *a: h,
+                         lambda b_, h, i, *a: i, kvb)
+    return qspec, kvspec, stat, extra
 
 
-def _attention_bwd(opts, res, g):
-    (qp, kp, vp, mp), o, lse, qshape, kshape = res
-    causal, scale, blocks, target = opts
-    kw = dict(scale=scale, causal=causal, skv=kshape[2], blocks=blocks,
-              precision=_precision(qp.dtype), target=target)
+def _fwd_call(q, k, v, seg, mask, tables: fb.Tables, cfg: _Cfg):
+    b, hq, sqp, d = q.shape
+    rep, lay = hq // k.shape[1], cfg.lay
+    qspec, kvspec, stat, extra = _q_major_specs(cfg, rep, d, seg, mask, tables.batched)
+    kernel = functools.partial(_fwd_kernel, cfg=cfg, has_seg=seg is not None,
+                               has_mask=mask is not None, batched=tables.batched)
+    return pallas_call(
+        kernel, target=cfg.target, name="flash_attention_fwd",
+        cost_estimate=_cost(q, k, mask, seg, cfg, tables.fraction, matmuls=2, q_major=True),
+        vmem_bytes=_vmem(q, mask, seg, cfg), dimension_semantics=_SEMANTICS,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(b, hq, lay.nq, lay.nk),
+            in_specs=[qspec, kvspec, kvspec, *extra], out_specs=[qspec, stat],
+            scratch_shapes=[pltpu.VMEM((lay.bq, LANES), jnp.float32),
+                            pltpu.VMEM((lay.bq, LANES), jnp.float32),
+                            pltpu.VMEM((lay.bq, d), jnp.float32)]),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((b, hq, sqp, LANES), jnp.float32)],
+    )(tables.row_lo, tables.row_hi, q, k, v, *_extras(seg, mask))
+
+
+def _dq_call(q, k, v, do, lse, delta, seg, mask, tables: fb.Tables, cfg: _Cfg):
+    b, hq, _, d = q.shape
+    rep, lay = hq // k.shape[1], cfg.lay
+    qspec, kvspec, stat, extra = _q_major_specs(cfg, rep, d, seg, mask, tables.batched)
+    kernel = functools.partial(_dq_kernel, cfg=cfg, has_seg=seg is not None,
+                               has_mask=mask is not None, batched=tables.batched)
+    return pallas_call(
+        kernel, target=cfg.target, name="flash_attention_dq",
+        cost_estimate=_cost(q, k, mask, seg, cfg, tables.fraction, matmuls=3, q_major=True),
+        vmem_bytes=_vmem(q, mask, seg, cfg), dimension_semantics=_SEMANTICS,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(b, hq, lay.nq, lay.nk),
+            in_specs=[qspec, kvspec, kvspec, qspec, stat, stat, *extra], out_specs=qspec,
+            scratch_shapes=[pltpu.VMEM((lay.bq, d), jnp.float32)]),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    )(tables.row_lo, tables.row_hi, q, k, v, do, lse, delta, *_extras(seg, mask))
+
+
+def _dkv_call(q, k, v, do, lse, delta, seg, mask, tables: fb.Tables, cfg: _Cfg):
+    b, hq, _, d = q.shape
+    hkv, lay = k.shape[1], cfg.lay
+    rep, nq, batched = hq // hkv, lay.nq, tables.batched
+
+    def head(b_, g, j, t, lo, hi):          # q head of step t in kv head g's group
+        return g * rep + _div(t, nq)
+
+    def qblk(b_, g, j, t, lo, hi):          # steps outside kv block j's q range repeat an end
+        c = _row(b_, j, lay.nk, batched)
+        return fb.clamp(_rem(t, nq), lo[c], hi[c])
+
+    qspec = pl.BlockSpec((None, None, lay.bq, d), lambda *a: (a[0], head(*a), qblk(*a), 0))
+    stat = pl.BlockSpec((None, None, lay.bq, LANES), lambda *a: (a[0], head(*a), qblk(*a), 0))
+    kvspec = pl.BlockSpec((None, None, lay.bk, d), lambda b_, g, j, t, lo, hi: (b_, g, j, 0))
+    extra = _extra_specs(seg, mask, lay.bq, lay.bk, lambda b_, *a: b_, head, qblk,
+                         lambda b_, g, j, *a: j)
+    kernel = functools.partial(_dkv_kernel, cfg=cfg, has_seg=seg is not None,
+                               has_mask=mask is not None, batched=batched)
+    return pallas_call(
+        kernel, target=cfg.target, name="flash_attention_dkv",
+        cost_estimate=_cost(q, k, mask, seg, cfg, tables.fraction, matmuls=4, q_major=False),
+        vmem_bytes=_vmem(q, mask, seg, cfg), dimension_semantics=_SEMANTICS,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(b, hkv, lay.nk, rep * nq),
+            in_specs=[qspec, kvspec, kvspec, qspec, stat, stat, *extra],
+            out_specs=[kvspec, kvspec],
+            scratch_shapes=[pltpu.VMEM((lay.bk, d), jnp.float32),
+                            pltpu.VMEM((lay.bk, d), jnp.float32)]),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+    )(tables.col_lo, tables.col_hi, q, k, v, do, lse, delta, *_extras(seg, mask))
+
+
+def _extras(seg, mask) -> list:
+    return [*(seg or ()), *([] if mask is None else [mask])]
+
+
+def _vmem(q, mask, seg, cfg: _Cfg) -> int:
+    msz = 0 if mask is None else mask.dtype.itemsize
+    return vmem_bytes((cfg.lay.bq, cfg.lay.bk), q.shape[3], q.dtype, msz, seg is not None)
+
+
+# --- wrapper: padding, tables, custom_vjp ---------------------------------------------------
+
+def _prepare(q, k, v, mask, q_ids, kv_ids, cfg: _Cfg):
+    """Sequence-padded operands, segment ids and mask as the kernels read them, tables."""
+    lay = cfg.lay
+    qp = pad_to(q, q.shape[:2] + (lay.sqp, q.shape[3]))
+    kp, vp = (pad_to(x, x.shape[:2] + (lay.skvp, x.shape[3])) for x in (k, v))
+    seg = fb.prep_segments(q_ids, kv_ids, lay)
+    mp = fb.prep_mask(mask, q.shape[0], q.shape[1], lay)
+    tables = fb.tables(lay, cfg.causal, cfg.window, q_ids, kv_ids)
+    return qp, kp, vp, (None if seg[0] is None else seg), mp, tables
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, mask, q_ids, kv_ids, cfg):
+    qp, kp, vp, seg, mp, tables = _prepare(q, k, v, mask, q_ids, kv_ids, cfg)
+    o, _ = _fwd_call(qp, kp, vp, seg, mp, tables, cfg)
+    return o[:, :, :q.shape[2]]
+
+
+def _attention_fwd(q, k, v, mask, q_ids, kv_ids, cfg):
+    qp, kp, vp, seg, mp, tables = _prepare(q, k, v, mask, q_ids, kv_ids, cfg)
+    o, lse = _fwd_call(qp, kp, vp, seg, mp, tables, cfg)
+    return o[:, :, :q.shape[2]], ((qp, kp, vp, seg, mp, tables), o, lse, mask, q_ids, kv_ids)
+
+
+def _backward(cfg: _Cfg, padded, o, lse, g):
+    """(dq, dk, dv) at the true lengths from padded operands and the padded forward."""
+    qp, kp, vp, seg, mp, tables = padded
     do = pad_to(g.astype(qp.dtype), qp.shape)
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
     delta = jnp.broadcast_to(delta, lse.shape)          # lane-replicated like lse
-    dq = _dq_call(qp, kp, vp, do, lse, delta, mp, **kw)
-    dk, dv = _dkv_call(qp, kp, vp, do, lse, delta, mp, **kw)
-    sq, d, skv = qshape[2], qshape[3], kshape[2]
-    # The mask gets no gradient (None = zero cotangent).
-    return dq[:, :, :sq, :d], dk[:, :, :skv, :d], dv[:, :, :skv, :d], None
+    dq = _dq_call(qp, kp, vp, do, lse, delta, seg, mp, tables, cfg)
+    dk, dv = _dkv_call(qp, kp, vp, do, lse, delta, seg, mp, tables, cfg)
+    return dq[:, :, :cfg.lay.sq], dk[:, :, :cfg.lay.skv], dv[:, :, :cfg.lay.skv]
+
+
+def _attention_bwd(cfg, res, g):
+    padded, o, lse, mask, q_ids, kv_ids = res
+    # The mask and the segment ids get no gradient (zero cotangents).
+    zero = [None if x is None else jnp.zeros(x.shape, jax.dtypes.float0)
+            if not jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros_like(x)
+            for x in (mask, q_ids, kv_ids)]
+    return (*_backward(cfg, padded, o, lse, g), *zero)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret):
+def _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, q_ids, kv_ids,
+            window) -> _Cfg:
+    if (q_ids is None) != (kv_ids is None):
+        raise ValueError("pallas flash_attention: pass both q_segment_ids and kv_segment_ids "
+                         "or neither")
     reason = supports(q.shape, q.dtype, k.shape, k.dtype, v.shape, v.dtype,
                       None if mask is None else mask.shape,
-                      None if mask is None else mask.dtype,
-                      causal=causal, dropout_p=dropout_p)
+                      None if mask is None else mask.dtype, causal=causal, dropout_p=dropout_p,
+                      segment_ids_shapes=None if q_ids is None else (q_ids.shape, kv_ids.shape),
+                      window=window)
     if reason:
         raise ValueError(f"pallas flash_attention: {reason}")
-    d = q.shape[3]
+    d, sq, skv = q.shape[3], q.shape[2], k.shape[2]
     target = tpu_info.target(interpret)
     msz = 0 if mask is None else (1 if mask.dtype == jnp.bool_ else mask.dtype.itemsize)
-    blocks = tuple(block) if block else choose_blocks(q.shape[2], k.shape[2], d, q.dtype,
-                                                       target.chip, mask_itemsize=msz)
+    bq, bk = tuple(block) if block else choose_blocks(sq, skv, d, q.dtype, target.chip, msz,
+                                                      q_ids is not None)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return bool(causal), scale, blocks, target
+    return _Cfg(bool(causal), window, scale, fb.Layout(sq, skv, bq, bk), target)
 
 
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None,
                     *, causal: bool = False, scale: float | None = None,
                     dropout_p: float = 0.0, block: Blocks | None = None,
-                    interpret: bool | None = None) -> jax.Array:
+                    interpret: bool | None = None, q_segment_ids: jax.Array | None = None,
+                    kv_segment_ids: jax.Array | None = None,
+                    window: int | None = None) -> jax.Array:
     """softmax(q k^T * scale + mask) v, torch SDPA semantics; differentiable in q, k, v.
 
     q [b, hq, sq, d]; k, v [b, hkv, skv, d] with hq % hkv == 0 (GQA); mask broadcastable
     to [b, hq, sq, skv], bool (True = keep) or additive float; causal is top-left
-    aligned; scale defaults to 1/sqrt(d). ``block`` = (bq, bk), multiples of 128.
+    aligned; scale defaults to 1/sqrt(d). ``q_segment_ids [b, sq]``, ``kv_segment_ids
+    [b, skv]`` (integers, packed sequences): a query attends only to keys of its own id.
+    ``window`` (with causal): keys at most ``window - 1`` positions back. Blocks whose
+    entries the structure masks entirely are skipped. ``block`` = (bq, bk), multiples of
+    128. Rows with no kept key give 0.
     """
-    opts = _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret)
-    return _attention(q, k, v, mask, opts)
+    cfg = _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, q_segment_ids,
+                  kv_segment_ids, window)
+    return _attention(q, k, v, mask, q_segment_ids, kv_segment_ids, cfg)
 
 
 def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
@@ -526,10 +515,10 @@ def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
                         interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
     """Forward only: (out [b, hq, sq, d], logsumexp [b, hq, sq] f32; -inf on rows with
     no kept key), for ops that return the logsumexp. Not differentiable."""
-    opts = _opts(q, k, v, mask, causal, scale, dropout_p, block, interpret)
-    o, lse, _, _ = _forward(q, k, v, mask, opts)
-    sq, d = q.shape[2], q.shape[3]
-    return o[:, :, :sq, :d], lse[:, :, :sq, 0]
+    cfg = _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, None, None, None)
+    qp, kp, vp, seg, mp, tables = _prepare(q, k, v, mask, None, None, cfg)
+    o, lse = _fwd_call(qp, kp, vp, seg, mp, tables, cfg)
+    return o[:, :, :cfg.lay.sq], lse[:, :, :cfg.lay.sq, 0]
 
 
 def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -539,16 +528,11 @@ def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Backward from the saved forward (``out``, ``lse [b, hq, sq]``) -> (dq, dk, dv), for
     ops that keep the logsumexp between passes (aten's flash attention backward)."""
-    opts = _opts(q, k, v, mask, causal, scale, 0.0, block, interpret)
-    b, hq, sq, d = q.shape
-    bq, bk = opts[2]
-    sqp, skvp, dp = round_up(sq, bq), round_up(k.shape[2], bk), round_up(d, LANES)
-    qp = pad_to(q, (b, hq, sqp, dp))
-    kp, vp = (pad_to(x, x.shape[:2] + (skvp, dp)) for x in (k, v))
-    mp = _prep_mask(mask, b, hq, sq, k.shape[2], sqp, skvp)
+    cfg = _config(q, k, v, mask, causal, scale, 0.0, block, interpret, None, None, None)
+    padded = _prepare(q, k, v, mask, None, None, cfg)
+    qp = padded[0]
     op = pad_to(out.astype(q.dtype), qp.shape)
     # padded rows get lse 0: their scores are 0 and their output grads 0, so they add nothing
-    lsep = jnp.broadcast_to(pad_to(lse.astype(jnp.float32)[..., None], (b, hq, sqp, 1)),
-                            (b, hq, sqp, LANES))
-    dq, dk, dv, _ = _attention_bwd(opts, ((qp, kp, vp, mp), op, lsep, q.shape, k.shape), do)
-    return dq, dk, dv
+    lsep = jnp.broadcast_to(pad_to(lse.astype(jnp.float32)[..., None], qp.shape[:3] + (1,)),
+                            qp.shape[:3] + (LANES,))
+    return _backward(cfg, padded, op, lsep, do)

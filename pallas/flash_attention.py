@@ -482,7 +482,7 @@ def _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, q_ids, kv
     target = tpu_info.target(interpret)
     msz = 0 if mask is None else (1 if mask.dtype == jnp.bool_ else mask.dtype.itemsize)
     bq, bk = tuple(block) if block else choose_blocks(sq, skv, d, q.dtype, target.chip, msz,
-                                                      q_ids is not None)
+                                                      q_ids is not None, bool(causal))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     return _Cfg(bool(causal), window, scale, fb.Layout(sq, skv, bq, bk), target)
 

@@ -1,8 +1,8 @@
 """Blocks, block tables and masks for the flash attention kernels (``flash_attention.py``).
 
-- Sequence blocks: multiples of 128 chosen to pad each sequence as little as possible
-  (a block divides the padded length), the largest such block up to the chip's target,
-  halved until the three kernels' VMEM fits.
+- Sequence blocks: multiples of 128 with the least modelled time on the chip (sequence
+  padding, the diagonal blocks of causal masks and the per-step cost all count) among
+  those whose three kernels fit the VMEM budget.
 - Block tables: which kv blocks each q block needs, from the *structural* masks only
   (causal, sliding window, segment ids): per (batch, q block) the first and last needed kv
   block, and per (batch, kv block) the first and last needed q block. They are
@@ -27,9 +27,12 @@ from tpu_kernels.pallas.tpu_info import round_up
 Blocks = tuple[int, int]   # (bq, bk)
 LANES = 128
 SUBLANES = 8
-_TARGET: dict[int, Blocks] = {128: (256, 512), 256: (512, 512)}   # by MXU width
-# A larger block may pad this much more than the least padding 128-blocks give.
-_PAD_SLACK = 1 / 16
+_MAX_BLOCK = 2048          # search bound for either block
+_PAD_SLACK = 1 / 16        # padding a block may add beyond what 128-blocks need
+# kernel_model's figures: a grid step's fixed cost (JAX's Pallas TPU docs, ~0.35 us) and
+# the bf16 passes an f32 product takes at Precision.HIGHEST.
+_STEP_SECONDS = 0.35e-6
+_F32_MXU_PASSES = 6
 
 
 # --- block sizes and VMEM -------------------------------------------------------------
@@ -54,34 +57,49 @@ def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0,
     return max(fwd, dq, dkv) + seg
 
 
-def seq_block(n: int, target: int) -> int:
-    """A multiple of 128, at most ``max(target, 128)``, for a sequence of ``n``: the
-    largest whose padding of ``n`` stays within ``_PAD_SLACK`` of the least padding
-    (128-blocks). seq 520, target 512: 128 (pads to 640, not 1024)."""
+def modelled_seconds(blocks: Blocks, sq: int, skv: int, head_dim: int, dtype,
+                     chip: tpu_info.Chip, causal: bool = False) -> float:
+    """Modelled time of forward + backward for one (batch, head) with ``blocks``: the
+    padded flops (MXU passes) and HBM bytes the three grids move against the chip's
+    roofline, plus a fixed cost per grid step (``registry/costs/kernel_model.py``'s accounting)."""
+    lay = Layout(sq, skv, *blocks)
+    frac = float(band(lay, causal, None).mean())
+    isz = jnp.dtype(dtype).itemsize
+    q, kv = lay.sqp * head_dim * isz, lay.skvp * head_dim * isz
+    stats = 2 * lay.sqp * LANES * 4
+    flops = 2 * 9 * lay.sqp * lay.skvp * head_dim * frac          # fwd 2, dq 3, dkv 4 products
+    # a block dim that is not a multiple of the MXU width leaves part of a pass idle
+    flops *= round_up(lay.bq, chip.mxu) / lay.bq * round_up(lay.bk, chip.mxu) / lay.bk
+    moved = (2 * (3 * q + 2 * kv * lay.nq * frac + stats)            # fwd, dq
+             + 4 * kv + (2 * q + stats) * lay.nk * frac)             # dkv
+    peak = chip.bf16_flops / (_F32_MXU_PASSES if jnp.dtype(dtype) == jnp.float32 else 1)
+    return max(flops / peak, moved / chip.hbm_bytes_per_s) + 3 * lay.nq * lay.nk * _STEP_SECONDS
+
+
+def _seq_blocks(n: int) -> list[int]:
+    """Multiples of 128 up to ``_MAX_BLOCK`` that pad ``n`` at most ``_PAD_SLACK`` more
+    than 128-blocks do (seq 520: 128 and 640, never 512, which pads to 1024)."""
     least = round_up(n, LANES)
-    best = LANES
-    for b in range(LANES, max(target, LANES) + 1, LANES):
-        if round_up(n, b) <= least * (1 + _PAD_SLACK):
-            best = b
-    return best
+    return [b for b in range(LANES, min(least, _MAX_BLOCK) + 1, LANES)
+            if round_up(n, b) <= least * (1 + _PAD_SLACK)]
 
 
 def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
-                  mask_itemsize: int = 0, segments: bool = False) -> Blocks:
-    """(bq, bk) for these sequences on ``chip``: least-padding blocks up to the table
-    entry for the chip's MXU width, halved until the kernels fit the VMEM budget."""
-    tq, tk = _TARGET[128 if chip.mxu <= 128 else 256]
+                  mask_itemsize: int = 0, segments: bool = False, causal: bool = False) -> Blocks:
+    """(bq, bk), multiples of 128, with the least modelled time (``modelled_seconds``:
+    sequence padding, diagonal blocks and per-step cost all count) among those that pad
+    little (``_seq_blocks``) and whose kernels fit the chip's VMEM budget; (128, 128)
+    when none does."""
     budget = tpu_info.vmem_budget(chip)
-    while True:
-        bq, bk = seq_block(sq, tq), seq_block(skv, tk)
-        if vmem_bytes((bq, bk), head_dim, dtype, mask_itemsize, segments) <= budget:
-            return bq, bk
-        if tk >= tq and tk > LANES:
-            tk //= 2
-        elif tq > LANES:
-            tq //= 2
-        else:
-            return bq, bk
+    best, best_t = (LANES, LANES), float("inf")
+    for bq in _seq_blocks(sq):
+        for bk in _seq_blocks(skv):
+            if vmem_bytes((bq, bk), head_dim, dtype, mask_itemsize, segments) > budget:
+                continue
+            t = modelled_seconds((bq, bk), sq, skv, head_dim, dtype, chip, causal)
+            if t < best_t * (1 - 1e-9):
+                best, best_t = (bq, bk), t
+    return best
 
 
 # --- block tables -----------------------------------------------------------------------

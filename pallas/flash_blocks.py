@@ -19,6 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.launch import pad_to
@@ -210,7 +211,52 @@ def clamp(x, lo, hi):
     return jnp.minimum(jnp.maximum(x, lo), jnp.maximum(lo, hi))
 
 
+# --- index maps -----------------------------------------------------------------------
+
+def div(a, b: int):
+    """Truncating a / b for non-negative int32 grid indices (lax.div, not //: floor
+    division lowers through sign, which Mosaic resolves against the local device; the
+    constant is typed so it stays int32 under jax_enable_x64)."""
+    return jax.lax.div(a, jnp.asarray(b, a.dtype))
+
+
+def rem(a, b: int):
+    return jax.lax.rem(a, jnp.asarray(b, a.dtype))
+
+
+def row(b, i, n: int, batched: bool):
+    """Flat block-table index of (batch b, block i): tables are per batch or shared."""
+    return b * n + i if batched else i
+
+
+def extra_specs(seg, mask, bq, bk, batch_of, head_of, rows_of, cols_of):
+    """BlockSpecs of the segment ids and of a [1|b, 1|hq, sqp, skvp] mask (broadcast dims
+    always read block 0); index maps take (grid indices, lo_ref, hi_ref)."""
+    specs = []
+    if seg is not None:
+        specs += [pl.BlockSpec((None, bq, LANES), lambda *a: (batch_of(*a), rows_of(*a), 0)),
+                  pl.BlockSpec((None, SUBLANES, bk), lambda *a: (batch_of(*a), 0, cols_of(*a)))]
+    if mask is not None:
+        mb, mh = mask.shape[:2]
+        specs.append(pl.BlockSpec(
+            (None, None, bq, bk),
+            lambda *a: (batch_of(*a) if mb > 1 else 0, head_of(*a) if mh > 1 else 0,
+                        rows_of(*a), cols_of(*a))))
+    return specs
+
+
 # --- operand preparation -------------------------------------------------------------
+
+def prepare(q, k, v, mask, q_ids, kv_ids, lay: Layout, causal: bool, window: int | None):
+    """Sequence-padded q, k, v; segment ids and mask as the kernels read them; tables."""
+    qp = pad_to(q, q.shape[:2] + (lay.sqp, q.shape[3]))
+    kp, vp = (pad_to(x, x.shape[:2] + (lay.skvp, x.shape[3])) for x in (k, v))
+    seg = prep_segments(q_ids, kv_ids, lay)
+    mp = prep_mask(mask, q.shape[0], q.shape[1], lay)
+    tabs = tables(lay, causal, window, q_ids, kv_ids)
+    return qp, kp, vp, (None if seg[0] is None else seg), mp, tabs
+
+
 
 def prep_mask(mask, b: int, hq: int, lay: Layout):
     """Mask -> [1|b, 1|hq, sqp, skvp]: bool becomes int8 (1 = keep, padding 0); float

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from tpu_kernels.pallas import flash_blocks as fb
 from tpu_kernels.pallas import flash_kernels as fk
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.flash_blocks import LANES, Blocks, choose_blocks, vmem_bytes
+from tpu_kernels.pallas.flash_blocks import Blocks, choose_blocks, vmem_bytes
 from tpu_kernels.pallas.launch import pad_to
 
 __all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd", "supports",
@@ -80,24 +80,32 @@ def supports(q_shape, q_dtype, k_shape, k_dtype, v_shape, v_dtype, mask_shape=No
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _attention(q, k, v, mask, q_ids, kv_ids, cfg):
     qp, kp, vp, seg, mp, tables = fb.prepare(q, k, v, mask, q_ids, kv_ids, cfg.lay, cfg.causal, cfg.window)
-    o, _ = fk.fwd(qp, kp, vp, seg, mp, tables, cfg)
+    o, _ = fk.fwd(qp, kp, vp, _pair(seg, 0), mp, tables, cfg)
     return o[:, :, :q.shape[2]]
 
 
 def _attention_fwd(q, k, v, mask, q_ids, kv_ids, cfg):
     qp, kp, vp, seg, mp, tables = fb.prepare(q, k, v, mask, q_ids, kv_ids, cfg.lay, cfg.causal, cfg.window)
-    o, lse = fk.fwd(qp, kp, vp, seg, mp, tables, cfg)
-    return o[:, :, :q.shape[2]], ((qp, kp, vp, seg, mp, tables), o, lse, mask, q_ids, kv_ids)
+    o, lse = fk.fwd(qp, kp, vp, _pair(seg, 0), mp, tables, cfg)
+    # lse is kept as [b, hq, sqp], not lane-replicated: 1/128 of the residual memory
+    return (o[:, :, :q.shape[2]],
+            ((qp, kp, vp, seg, mp, tables), o, lse[..., 0], mask, q_ids, kv_ids))
+
+
+def _pair(seg, which: int):
+    """The segment ids of the forward and dQ (0) or of dK/dV (1)."""
+    return None if seg is None else seg[2 * which:2 * which + 2]
 
 
 def _backward(cfg: fk.Config, padded, o, lse, g):
     """(dq, dk, dv) at the true lengths from padded operands and the padded forward."""
     qp, kp, vp, seg, mp, tables = padded
     do = pad_to(g.astype(qp.dtype), qp.shape)
-    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
-    delta = jnp.broadcast_to(delta, lse.shape)          # lane-replicated like lse
-    dq = fk.dq(qp, kp, vp, do, lse, delta, seg, mp, tables, cfg)
-    dk, dv = fk.dkv(qp, kp, vp, do, lse, delta, seg, mp, tables, cfg)
+    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
+    # dQ reads lse and delta as (bq, 128) columns, dK/dV as (8, bq) rows
+    cols, rows = (fb.columns(lse), fb.columns(delta)), (fb.rows(lse), fb.rows(delta))
+    dq = fk.dq(qp, kp, vp, do, *cols, _pair(seg, 0), mp, tables, cfg)
+    dk, dv = fk.dkv(qp, kp, vp, do, *rows, _pair(seg, 1), mp, tables, cfg)
     return dq[:, :, :cfg.lay.sq], dk[:, :, :cfg.lay.skv], dv[:, :, :cfg.lay.skv]
 
 
@@ -164,7 +172,7 @@ def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
     no kept key), for ops that return the logsumexp. Not differentiable."""
     cfg = _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, None, None, None)
     qp, kp, vp, seg, mp, tables = fb.prepare(q, k, v, mask, None, None, cfg.lay, cfg.causal, cfg.window)
-    o, lse = fk.fwd(qp, kp, vp, seg, mp, tables, cfg)
+    o, lse = fk.fwd(qp, kp, vp, seg, mp, tables, cfg)      # no segment ids here: seg None
     return o[:, :, :cfg.lay.sq], lse[:, :, :cfg.lay.sq, 0]
 
 
@@ -180,6 +188,5 @@ def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
     qp = padded[0]
     op = pad_to(out.astype(q.dtype), qp.shape)
     # padded rows get lse 0: their scores are 0 and their output grads 0, so they add nothing
-    lsep = jnp.broadcast_to(pad_to(lse.astype(jnp.float32)[..., None], qp.shape[:3] + (1,)),
-                            qp.shape[:3] + (LANES,))
+    lsep = pad_to(lse.astype(jnp.float32), qp.shape[:3])
     return _backward(cfg, padded, op, lsep, do)

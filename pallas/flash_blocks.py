@@ -48,7 +48,7 @@ def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0,
     isz = jnp.dtype(dtype).itemsize
     stat = bq * LANES * 4                                  # one (bq, 128) f32 block
     mask = 2 * bq * bk * mask_itemsize
-    seg = 2 * (bq * LANES + SUBLANES * max(bq, bk)) * 4 if segments else 0
+    seg = 2 * (max(bq, bk) * LANES + SUBLANES * max(bq, bk)) * 4 if segments else 0
     fwd = (2 * (2 * bq * d + 2 * bk * d) * isz + 2 * stat   # q, o, k, v; lse out
            + 2 * stat + bq * d * 4 + 2 * bq * bk * 4 + mask)   # m, l, acc; s, p
     dq = (2 * (3 * bq * d + 2 * bk * d) * isz + 2 * 2 * stat  # q, do, dq, k, v; lse, delta
@@ -229,13 +229,17 @@ def row(b, i, n: int, batched: bool):
     return b * n + i if batched else i
 
 
-def extra_specs(seg, mask, bq, bk, batch_of, head_of, rows_of, cols_of):
-    """BlockSpecs of the segment ids and of a [1|b, 1|hq, sqp, skvp] mask (broadcast dims
-    always read block 0); index maps take (grid indices, lo_ref, hi_ref)."""
+def extra_specs(seg, mask, bq, bk, batch_of, head_of, rows_of, cols_of, transposed=False):
+    """BlockSpecs of the segment ids (q ids as a column, kv ids as a row; ``transposed``:
+    kv ids as a column, q ids as a row) and of a [1|b, 1|hq, sqp, skvp] mask (broadcast
+    dims always read block 0); index maps take (grid indices, lo_ref, hi_ref)."""
     specs = []
-    if seg is not None:
+    if seg is not None and not transposed:
         specs += [pl.BlockSpec((None, bq, LANES), lambda *a: (batch_of(*a), rows_of(*a), 0)),
                   pl.BlockSpec((None, SUBLANES, bk), lambda *a: (batch_of(*a), 0, cols_of(*a)))]
+    elif seg is not None:
+        specs += [pl.BlockSpec((None, bk, LANES), lambda *a: (batch_of(*a), cols_of(*a), 0)),
+                  pl.BlockSpec((None, SUBLANES, bq), lambda *a: (batch_of(*a), 0, rows_of(*a)))]
     if mask is not None:
         mb, mh = mask.shape[:2]
         specs.append(pl.BlockSpec(
@@ -254,7 +258,7 @@ def prepare(q, k, v, mask, q_ids, kv_ids, lay: Layout, causal: bool, window: int
     seg = prep_segments(q_ids, kv_ids, lay)
     mp = prep_mask(mask, q.shape[0], q.shape[1], lay)
     tabs = tables(lay, causal, window, q_ids, kv_ids)
-    return qp, kp, vp, (None if seg[0] is None else seg), mp, tabs
+    return qp, kp, vp, seg, mp, tabs
 
 
 
@@ -270,12 +274,21 @@ def prep_mask(mask, b: int, hq: int, lay: Layout):
     return pad_to(mask, mask.shape[:2] + (lay.sqp, lay.skvp))
 
 
+def columns(x):
+    """[..., n] -> [..., n, 128]: lane-replicated, a (block, 128) column per block."""
+    return jnp.broadcast_to(x[..., None], x.shape + (LANES,))
+
+
+def rows(x):
+    """[..., n] -> [..., 8, n]: sublane-replicated, an (8, block) row per block."""
+    return jnp.broadcast_to(x[..., None, :], x.shape[:-1] + (SUBLANES, x.shape[-1]))
+
+
 def prep_segments(q_ids, kv_ids, lay: Layout):
-    """Segment ids as the kernels read them: q ids lane-replicated [b, sqp, 128] (a column
-    per q block), kv ids sublane-replicated [b, 8, skvp] (a row per kv block), int32."""
+    """Segment ids as the kernels read them, int32: (q column, kv row) for the forward and
+    dQ (scores (bq, bk)), (kv column, q row) for dK/dV (scores transposed)."""
     if q_ids is None:
-        return None, None
+        return None
     q = pad_to(q_ids.astype(jnp.int32), (q_ids.shape[0], lay.sqp))
     kv = pad_to(kv_ids.astype(jnp.int32), (kv_ids.shape[0], lay.skvp))
-    return (jnp.broadcast_to(q[:, :, None], q.shape + (LANES,)),
-            jnp.broadcast_to(kv[:, None, :], (kv.shape[0], SUBLANES, kv.shape[1])))
+    return columns(q), rows(kv), columns(kv), rows(q)

@@ -18,7 +18,9 @@ dK/dV run one kernel per kv block whose reduction axis walks (q head of the kv g
 block) over the kv block's q range, so grouped-query attention sums over the group
 without repeating K/V; dQ runs a second kernel that walks kv blocks. Blocks span the
 whole head dim (a block dim equal to the array dim is legal: no padding). Statistics
-are f32 and lane-replicated (bq, 128), the TPU-friendly layout.
+are f32: (bq, 128) lane-replicated columns in the forward and dQ (read once per q block),
+(8, bq) sublane-replicated rows in dK/dV (read once per kv block), which therefore works
+on s^T, p^T, dS^T (bk, bq).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import flash_blocks as fb
 from tpu_kernels.pallas import tpu_info
-from tpu_kernels.pallas.flash_blocks import LANES, vmem_bytes
+from tpu_kernels.pallas.flash_blocks import LANES, SUBLANES, vmem_bytes
 from tpu_kernels.pallas.launch import cost, pallas_call
 
 NEG = -1e30                # finite "minus infinity": keeps exp(m_prev - m_new) NaN-free
@@ -52,31 +54,37 @@ class Config:
 
 # --- kernel bodies ----------------------------------------------------------------------
 
-def _scores(q, k, mask, seg, *, row0, col0, cfg: Config):
-    """s = q k^T * scale (+ additive mask) in f32, and the kept-entry mask (None: all)."""
+def _scores(q, k, mask, seg, *, row0, col0, cfg: Config, transposed: bool = False):
+    """s = q k^T * scale (+ additive mask) in f32, and the kept-entry mask (None: all).
+    ``transposed``: s^T = k q^T (bk, bq), q positions along lanes (the dK/dV kernel, whose
+    row statistics then arrive as sublane-replicated rows)."""
     prec = _precision(q.dtype)
-    s = jax.lax.dot_general(q, k, _NT, precision=prec,
+    a, b = (k, q) if transposed else (q, k)
+    s = jax.lax.dot_general(a, b, _NT, precision=prec,
                             preferred_element_type=jnp.float32) * cfg.scale
     keep = None
 
-    def both(a, b_):
-        return b_ if a is None else a & b_
+    def both(x, y):
+        return y if x is None else x & y
 
-    cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1) + col0
-    rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0) + row0
-    if cfg.lay.skv % s.shape[1]:            # padded kv tail
+    qdim, kdim = (1, 0) if transposed else (0, 1)
+    cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, kdim) + col0
+    rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, qdim) + row0
+    if cfg.lay.skv % s.shape[kdim]:         # padded kv tail
         keep = both(keep, cols < cfg.lay.skv)
     if cfg.causal:
         keep = both(keep, cols <= rows)
     if cfg.window is not None:
         keep = both(keep, rows - cols < cfg.window)
-    if seg is not None:                     # (bq, 128) lane- and (8, bk) sublane-replicated
+    if seg is not None:      # (bq, 128) lane- and (8, bk) sublane-replicated, or transposed
         keep = both(keep, seg[0][:, :1] == seg[1][:1, :])
     if mask is not None:
         if mask.dtype == jnp.int8:          # boolean mask, shipped as int8; compared in
-            keep = both(keep, mask.astype(jnp.int32) != 0)   # 32-bit: the scores' layout
+            m = mask.astype(jnp.int32)      # 32-bit: the scores' layout
+            keep = both(keep, (m.T if transposed else m) != 0)
         else:                               # additive mask; -inf entries count as masked
-            s = s + mask.astype(jnp.float32)
+            m = mask.astype(jnp.float32)
+            s = s + (m.T if transposed else m)
             keep = both(keep, s > NEG)
     if keep is not None:
         s = jnp.where(keep, s, NEG)
@@ -139,14 +147,18 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
 
 
 def _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg, mask_ref, *, row0,
-               col0, cfg):
-    """p and dS = p (dO V^T - delta) for one (q block, kv block), f32."""
+               col0, cfg, transposed: bool = False):
+    """p and dS = p (dO V^T - delta) for one (q block, kv block), f32; ``transposed``:
+    p^T and dS^T (bk, bq) from row statistics (8, bq)."""
     s, keep = _scores(q_ref[...], k_ref[...], *_read(seg, mask_ref), row0=row0, col0=col0,
-                      cfg=cfg)
-    p = _exp_kept(s - lse_ref[...][:, :1], keep)
-    dp = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, precision=_precision(v_ref.dtype),
+                      cfg=cfg, transposed=transposed)
+    a, b = (v_ref[...], do_ref[...]) if transposed else (do_ref[...], v_ref[...])
+    dp = jax.lax.dot_general(a, b, _NT, precision=_precision(v_ref.dtype),
                              preferred_element_type=jnp.float32)
-    return p, p * (dp - delta_ref[...][:, :1])
+    lse, delta = lse_ref[...], delta_ref[...]
+    lse, delta = (lse[:1, :], delta[:1, :]) if transposed else (lse[:, :1], delta[:, :1])
+    p = _exp_kept(s - lse, keep)
+    return p, p * (dp - delta)
 
 
 def _dq_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
@@ -184,13 +196,13 @@ def _dkv_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
 
     @pl.when(fb.in_range(lo_ref[col], hi_ref[col], i))
     def _step():
-        p, ds = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
-                           cfg=cfg)
+        pt, dst = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
+                             cfg=cfg, transposed=True)
         q, do = ins[0][...], ins[3][...]
         prec = _precision(q.dtype)
-        dv_sc[...] += jnp.dot(p.T.astype(do.dtype), do, precision=prec,
+        dv_sc[...] += jnp.dot(pt.astype(do.dtype), do, precision=prec,
                               preferred_element_type=jnp.float32)
-        dk_sc[...] += jnp.dot(ds.T.astype(q.dtype), q, precision=prec,
+        dk_sc[...] += jnp.dot(dst.astype(q.dtype), q, precision=prec,
                               preferred_element_type=jnp.float32)
 
     @pl.when(t == pl.num_programs(3) - 1)
@@ -216,15 +228,16 @@ def _cost(q, k, mask, seg, cfg: Config, fraction: float, *, matmuls: int, q_majo
     lay = cfg.lay
     scores = b * hq * sqp * skvp * fraction
     isz = q.dtype.itemsize
-    stats = 2 * b * hq * sqp * LANES * 4                 # lse, delta (lse out in the fwd)
-    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block
-        traffic = 3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * lay.nq * fraction + stats
-    else:           # k, v, dk, dv once; q, dO and the stats once per kv block
+    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block; lse, delta (bq, 128)
+        traffic = (3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * lay.nq * fraction
+                   + 2 * b * hq * sqp * LANES * 4)
+    else:           # k, v, dk, dv once; q, dO and lse, delta (8, bq) once per kv block
+        stats = 2 * b * hq * sqp * SUBLANES * 4
         traffic = 4 * k.size * isz + (2 * q.size * isz + stats) * lay.nk * fraction
     if mask is not None:
         traffic += mask.size * mask.dtype.itemsize * fraction
-    if seg is not None:
-        qs, ks = seg[0].size * 4, seg[1].size * 4
+    if seg is not None:     # the streamed side's ids once per outer block and head
+        qs, ks = (seg[0].size * 4, seg[1].size * 4) if q_major else (seg[1].size * 4, seg[0].size * 4)
         traffic += (qs + ks * hq * lay.nq * fraction) if q_major else (ks + qs * hq * lay.nk * fraction)
     return cost(2 * matmuls * scores * d, traffic, scores)
 
@@ -276,6 +289,9 @@ def dq(q, k, v, do, lse, delta, seg, mask, tables: fb.Tables, cfg: Config):
 
 
 def dkv(q, k, v, do, lse, delta, seg, mask, tables: fb.Tables, cfg: Config):
+    """dK, dV with s^T, p^T, dS^T (bk, bq) per step: lse and delta [b, hq, 8, sqp] arrive
+    as sublane-replicated rows (32 bytes a q row per kv block, not 1 KiB of lane-replicated
+    columns), and both updates are plain (bk, bq) x (bq, d) products (no transposes)."""
     b, hq, _, d = q.shape
     hkv, lay = k.shape[1], cfg.lay
     rep, nq, batched = hq // hkv, lay.nq, tables.batched
@@ -288,10 +304,11 @@ def dkv(q, k, v, do, lse, delta, seg, mask, tables: fb.Tables, cfg: Config):
         return fb.clamp(fb.rem(t, nq), lo[c], hi[c])
 
     qspec = pl.BlockSpec((None, None, lay.bq, d), lambda *a: (a[0], head(*a), qblk(*a), 0))
-    stat = pl.BlockSpec((None, None, lay.bq, LANES), lambda *a: (a[0], head(*a), qblk(*a), 0))
+    stat = pl.BlockSpec((None, None, SUBLANES, lay.bq),    # row statistics (8, bq)
+                        lambda *a: (a[0], head(*a), 0, qblk(*a)))
     kvspec = pl.BlockSpec((None, None, lay.bk, d), lambda b_, g, j, t, lo, hi: (b_, g, j, 0))
     extra = fb.extra_specs(seg, mask, lay.bq, lay.bk, lambda b_, *a: b_, head, qblk,
-                         lambda b_, g, j, *a: j)
+                           lambda b_, g, j, *a: j, transposed=True)
     return _launch(
         _dkv_kernel, "flash_attention_dkv", cfg, tables, (b, hkv, lay.nk, rep * nq),
         [qspec, kvspec, kvspec, qspec, stat, stat, *extra], [kvspec, kvspec],

@@ -89,7 +89,7 @@ def _attention_fwd(q, k, v, mask, q_ids, kv_ids, cfg):
     o, lse = fk.fwd(qp, kp, vp, _pair(seg, 0), mp, tables, cfg)
     # lse is kept as [b, hq, sqp], not lane-replicated: 1/128 of the residual memory
     return (o[:, :, :q.shape[2]],
-            ((qp, kp, vp, seg, mp, tables), o, lse[..., 0], mask, q_ids, kv_ids))
+            ((qp, kp, vp, seg, mp, tables), o, lse[:, :, 0], mask, q_ids, kv_ids))
 
 
 def _pair(seg, which: int):
@@ -173,7 +173,7 @@ def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array,
     cfg = _config(q, k, v, mask, causal, scale, dropout_p, block, interpret, None, None, None)
     qp, kp, vp, seg, mp, tables = fb.prepare(q, k, v, mask, None, None, cfg.lay, cfg.causal, cfg.window)
     o, lse = fk.fwd(qp, kp, vp, seg, mp, tables, cfg)      # no segment ids here: seg None
-    return o[:, :, :cfg.lay.sq], lse[:, :, :cfg.lay.sq, 0]
+    return o[:, :, :cfg.lay.sq], lse[:, :, 0, :cfg.lay.sq]
 
 
 def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,

@@ -142,8 +142,8 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
     def _finish():
         l = l_sc[...]
         o_ref[...] = (acc_sc[...] / jnp.where(l == 0, 1.0, l)[:, :1]).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(l > 0, m_sc[...] + jnp.log(jnp.where(l > 0, l, 1.0)),
-                                 -jnp.inf)
+        lse = jnp.where(l > 0, m_sc[...] + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
+        lse_ref[...] = lse.T[:SUBLANES, :]      # (bq, 128) columns -> (8, bq) rows
 
 
 def _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg, mask_ref, *, row0,
@@ -228,9 +228,11 @@ def _cost(q, k, mask, seg, cfg: Config, fraction: float, *, matmuls: int, q_majo
     lay = cfg.lay
     scores = b * hq * sqp * skvp * fraction
     isz = q.dtype.itemsize
-    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block; lse, delta (bq, 128)
+    if q_major:     # q, o (or q, dO, dq) once; k and v once per q block; the forward writes
+        # lse as (8, bq) rows, dq reads lse and delta as (bq, 128) columns
+        stats = SUBLANES * 4 if matmuls == 2 else 2 * LANES * 4
         traffic = (3 * q.size * isz + 2 * k.size * isz * (hq // hkv) * lay.nq * fraction
-                   + 2 * b * hq * sqp * LANES * 4)
+                   + b * hq * sqp * stats)
     else:           # k, v, dk, dv once; q, dO and lse, delta (8, bq) once per kv block
         stats = 2 * b * hq * sqp * SUBLANES * 4
         traffic = 4 * k.size * isz + (2 * q.size * isz + stats) * lay.nk * fraction
@@ -265,11 +267,13 @@ def fwd(q, k, v, seg, mask, tables: fb.Tables, cfg: Config):
     b, hq, sqp, d = q.shape
     rep, lay = hq // k.shape[1], cfg.lay
     qspec, kvspec, stat, extra = _q_major_specs(cfg, rep, d, seg, mask, tables.batched)
+    lse_rows = pl.BlockSpec((None, None, SUBLANES, lay.bq),
+                            lambda b_, h, i, j, lo, hi: (b_, h, 0, i))
     return _launch(
         _fwd_kernel, "flash_attention_fwd", cfg, tables, (b, hq, lay.nq, lay.nk),
-        [qspec, kvspec, kvspec, *extra], [qspec, stat],
+        [qspec, kvspec, kvspec, *extra], [qspec, lse_rows],
         [jax.ShapeDtypeStruct(q.shape, q.dtype),
-         jax.ShapeDtypeStruct((b, hq, sqp, LANES), jnp.float32)],
+         jax.ShapeDtypeStruct((b, hq, SUBLANES, sqp), jnp.float32)],
         [pltpu.VMEM((lay.bq, LANES), jnp.float32), pltpu.VMEM((lay.bq, LANES), jnp.float32),
          pltpu.VMEM((lay.bq, d), jnp.float32)],
         _cost(q, k, mask, seg, cfg, tables.fraction, matmuls=2, q_major=True),

@@ -75,11 +75,16 @@ KERNELS: tuple[Kernel, ...] = (
            {"aten::embedding": lambda: (_randn(50, 128), torch.randint(0, 50, (9,), generator=torch.Generator()))}),
     Kernel("flash_attention", "pallas", f"{_P}.flash_attention", f"{_B}.flash_attention",
            ("aten::_scaled_dot_product_flash_attention_for_cpu",
-            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            "tpu_kernels::flash_attention", "tpu_kernels::flash_attention_backward"),
            f"{_D}.flash_attention", ("flash_attention",), "tests/kernels/test_flash_attention_kernel.py",
            f"{_P}.reference.flash_attention",
-           no_example="F.scaled_dot_product_attention reaches it: tests/test_fused_composites.py runs it "
-                      "forward and backward against CPU"),
+           {"tpu_kernels::flash_attention": lambda: (
+               _randn(2, 2, 40, 64), _randn(2, 1, 40, 64, seed=1), _randn(2, 1, 40, 64, seed=2),
+               torch.tensor([[0] * 15 + [1] * 25, [3] * 40]),
+               torch.tensor([[0] * 15 + [1] * 25, [3] * 40]), True)},
+           no_example="F.scaled_dot_product_attention reaches the aten ops: tests/test_fused_composites.py "
+                      "runs them forward and backward against CPU"),
     Kernel("cross_entropy", "pallas", f"{_P}.cross_entropy", f"{_B}.cross_entropy",
            ("tpu_kernels::cross_entropy",), f"{_D}.cross_entropy", ("cross_entropy",),
            "tests/kernels/test_cross_entropy_kernel.py", f"{_P}.reference.cross_entropy",

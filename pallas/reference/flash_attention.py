@@ -10,10 +10,13 @@ _HI = jax.lax.Precision.HIGHEST
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None,
-              *, causal: bool = False, scale: float | None = None) -> jax.Array:
+              *, causal: bool = False, scale: float | None = None,
+              q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+              window: int | None = None) -> jax.Array:
     """softmax(q k^T * scale + mask) v; q [b,hq,sq,d], k/v [b,hkv,skv,d], hq % hkv == 0.
 
-    Boolean mask: True = keep. Causal is top-left aligned (``tril(ones(sq, skv))``).
+    Boolean mask: True = keep. Causal is top-left aligned (``tril(ones(sq, skv))``);
+    ``window``: also row - col < window. Segment ids [b, sq], [b, skv]: keep equal ids.
     Rows with every key masked give 0 (torch's safe softmax).
     """
     b, hq, sq, d = q.shape
@@ -25,6 +28,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None =
     keep = jnp.ones(s.shape, bool)
     if causal:
         keep = keep & jnp.tril(jnp.ones((sq, k.shape[2]), bool))
+    if window is not None:
+        keep = keep & ~jnp.tril(jnp.ones((sq, k.shape[2]), bool), -window)
+    if q_segment_ids is not None:
+        keep = keep & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
     if mask is not None:
         if mask.dtype == jnp.bool_:
             keep = keep & mask

@@ -104,6 +104,32 @@ def ragged_paged_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     serving engine's step runs per layer); the first ``num_seqs [1]`` sequences are live."""
 
 
+def _flash_reference(q, k, v, q_segment_ids=None, kv_segment_ids=None, is_causal=False,
+                     scale=None, window=None):
+    sq, skv = q.shape[-2], k.shape[-2]
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    if is_causal:
+        keep = keep.tril()
+    if window is not None:
+        keep = keep & ~torch.ones(sq, skv, dtype=torch.bool).tril(-window)
+    if q_segment_ids is not None:
+        keep = keep & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale,
+                                          enable_gqa=q.shape[-3] != k.shape[-3])
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    q_segment_ids: Optional[torch.Tensor] = None,
+                    kv_segment_ids: Optional[torch.Tensor] = None, is_causal: bool = False,
+                    scale: Optional[float] = None, window: Optional[int] = None) -> torch.Tensor:
+    """Attention of ``q [b, hq, sq, d]`` to ``k, v [b, hkv, skv, d]`` (hq % hkv == 0) with
+    the masks the kernel builds itself instead of reading a dense mask: ``is_causal``
+    (top-left), a sliding ``window`` (with causal: keys at most window - 1 back) and
+    segment ids ``q_segment_ids [b, sq]``, ``kv_segment_ids [b, skv]`` (packed sequences:
+    a query attends only to keys with its id). What ``F.scaled_dot_product_attention``
+    cannot pass; the flash kernel skips blocks these masks empty."""
+
+
 CROSS_ENTROPY = declare_op("tpu_kernels::cross_entropy", cross_entropy, reference=_ce_reference, backward="vjp")
 LINEAR_CROSS_ENTROPY = declare_op("tpu_kernels::linear_cross_entropy", linear_cross_entropy,
                                   reference=_lce_reference, backward="vjp")
@@ -112,5 +138,7 @@ SWIGLU = declare_op("tpu_kernels::swiglu", swiglu, reference=lambda a, b: F.silu
 GEGLU = declare_op("tpu_kernels::geglu", geglu, backward="vjp",
                    reference=lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b)
 ROPE = declare_op("tpu_kernels::rope", rope, reference=_rope_reference, backward="vjp")
+FLASH_ATTENTION = declare_op("tpu_kernels::flash_attention", flash_attention,
+                             reference=_flash_reference, backward="vjp")
 RAGGED_PAGED_ATTENTION = declare_op("tpu_kernels::ragged_paged_attention", ragged_paged_attention,
                                     reference=_rpa_reference)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_kernels.pallas.reference import cross_entropy as ce_ref
+from tpu_kernels.pallas.reference import flash_attention as fa_ref
 from tpu_kernels.pallas.reference import linear_cross_entropy as lce_ref
 from tpu_kernels.registry.context import check
 from tpu_kernels.registry.custom_ops import library  # noqa: F401  (declares the ops first)
@@ -49,6 +50,16 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) 
     ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
     prec = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=prec)
+
+
+@tpu_kernel("tpu_kernels::flash_attention", kind="xla", static=("is_causal", "scale", "window"))
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    q_segment_ids: Optional[torch.Tensor] = None,
+                    kv_segment_ids: Optional[torch.Tensor] = None, is_causal: bool = False,
+                    scale: Optional[float] = None, window: Optional[int] = None) -> torch.Tensor:
+    """Attention with in-built causal / sliding-window / segment-id masks, scores in f32."""
+    return fa_ref.attention(q, k, v, causal=is_causal, scale=scale, window=window,
+                            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
 
 
 # -- gated activations and rotary embedding ------------------------------------------------

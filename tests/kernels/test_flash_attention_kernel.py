@@ -1,5 +1,9 @@
 """Pallas flash attention: interpret-mode parity (forward + dq/dk/dv) with the jnp
-reference, TPU lowering of forward and backward, and the VMEM estimate per generation."""
+reference and with CPU torch SDPA (head_dim 64 unpadded, causal block skipping, segment
+ids, sliding window, ragged lengths), the block tables and block choice, TPU lowering of
+forward and backward, and the VMEM estimate per generation."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +11,7 @@ import numpy as np
 import pytest
 
 from tpu_kernels.pallas import flash_attention as fa
+from tpu_kernels.pallas import flash_blocks as fb
 from tpu_kernels.pallas import tpu_info
 from helpers import tpu_compile
 from tpu_kernels.pallas.reference import flash_attention as ref
@@ -79,6 +84,106 @@ def test_fwd_returns_logsumexp():
     np.testing.assert_allclose(out, ref.attention(q, k, v, causal=True), **tol(jnp.float32, kernel=True))
 
 
+def _check_vs_torch(shape, q_ids=None, kv_ids=None, causal=False, window=None, block=None):
+    """Kernel forward and q/k/v gradients against CPU torch SDPA in f32 with the same
+    structure as an explicit bool mask (rows with no kept key: torch gives NaN, the
+    kernel 0; the cases here keep every row non-empty)."""
+    import torch
+    import torch.nn.functional as F
+    b, hq, hkv, sq, skv, d = shape
+    q, k, v, g = _qkvg(*shape, jnp.float32)
+    keep = np.ones((b, 1, sq, skv), bool)
+    if causal:
+        keep &= np.tril(np.ones((sq, skv), bool))
+    if window is not None:
+        keep &= ~np.tril(np.ones((sq, skv), bool), -window)
+    if q_ids is not None:
+        keep &= np.asarray(q_ids)[:, None, :, None] == np.asarray(kv_ids)[:, None, None, :]
+    out, vjp = jax.vjp(lambda q, k, v: fa.flash_attention(
+        q, k, v, causal=causal, window=window, block=block, q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids), q, k, v)
+    tq, tk, tv = (torch.tensor(np.asarray(x), requires_grad=True) for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(keep),
+                                         enable_gqa=hq != hkv)
+    ref.backward(torch.tensor(np.asarray(g)))
+    for name, x, y in zip(("out", "dq", "dk", "dv"), (out, *vjp(g)),
+                          (ref, tq.grad, tk.grad, tv.grad)):
+        np.testing.assert_allclose(np.asarray(x), y.detach().numpy(), err_msg=name,
+                                   **tol(jnp.float32, kernel=True))
+
+
+def test_head_dim_64_unpadded_and_causal_skipping_vs_torch():
+    # 3 x 3 blocks of 128 over 300 (ragged): causal skips the 3 blocks above the diagonal
+    _check_vs_torch((1, 2, 1, 300, 300, 64), causal=True, block=(128, 128))
+
+
+def test_segment_ids_packed_ragged_vs_torch():
+    # two batches of packed sequences; segments cross block boundaries, the kv tail is
+    # padding, and (batch 1) whole blocks pair segments that never meet: they are skipped
+    ids0 = np.repeat([0, 1, 2], [100, 150, 50])
+    ids1 = np.repeat([5, 6], [140, 160])
+    ids = jnp.asarray(np.stack([ids0, ids1]), jnp.int32)
+    _check_vs_torch((2, 1, 1, 300, 300, 64), ids, ids, causal=True, block=(128, 128))
+
+
+def test_sliding_window_vs_torch():
+    _check_vs_torch((1, 2, 1, 300, 300, 64), causal=True, window=100, block=(128, 128))
+
+
+def test_block_tables_skip_structurally_masked_blocks():
+    lay = fb.Layout(sq=300, skv=300, bq=128, bk=128)
+    t = fb.tables(lay, causal=True, window=None)
+    assert (t.row_lo.tolist(), t.row_hi.tolist()) == ([0, 0, 0], [0, 1, 2])
+    assert (t.col_lo.tolist(), t.col_hi.tolist()) == ([0, 1, 2], [2, 2, 2])
+    assert t.fraction == 6 / 9 and not t.batched
+    t = fb.tables(lay, causal=True, window=100)        # rows 128..255 reach back to col 29
+    assert (t.row_lo.tolist(), t.row_hi.tolist()) == ([0, 0, 1], [0, 1, 2])
+    ids = jnp.asarray(np.repeat([[0, 1]], [128, 172], axis=1).reshape(1, 300), jnp.int32)
+    t = fb.tables(lay, causal=False, window=None, q_ids=ids, kv_ids=ids)
+    assert t.batched and (t.row_lo.tolist(), t.row_hi.tolist()) == ([0, 1, 1], [0, 2, 2])
+    # a q block whose ids no kv block holds: empty range (hi = lo - 1)
+    t = fb.tables(lay, False, None, jnp.zeros((1, 300), jnp.int32), jnp.ones((1, 300), jnp.int32))
+    assert t.row_hi.tolist() == [-1, -1, -1]
+
+
+def _kernel_eqns(jaxpr):
+    for e in jaxpr.eqns:
+        if "cost_estimate" in e.params:
+            yield e
+            continue
+        for p in e.params.values():
+            sub = getattr(p, "jaxpr", p)
+            if hasattr(sub, "eqns"):
+                yield from _kernel_eqns(sub)
+
+
+def test_head_dim_is_not_padded():
+    # blocks span the full head dim: the kernels read q, k, v at d = 64, and the cost
+    # estimate counts half the flops of d = 128
+    def kernel_eqns(d):
+        spec = jax.ShapeDtypeStruct((1, 2, 256, d), jnp.float32)
+        jaxpr = jax.make_jaxpr(lambda q: fa.flash_attention(q, q, q, block=(128, 128)))(spec)
+        return list(_kernel_eqns(jaxpr.jaxpr))
+    (e64,), (e128,) = kernel_eqns(64), kernel_eqns(128)
+    assert [v.aval.shape[-1] for v in e64.invars[2:]] == [64, 64, 64]
+    assert e64.params["cost_estimate"].flops * 2 == e128.params["cost_estimate"].flops
+
+
+@pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)
+@pytest.mark.parametrize("n,padded", [(520, 640), (2048, 2048), (1100, 1152), (77, 128)])
+def test_sequence_blocks_pad_little(gen, n, padded):
+    # seq 520 pads to 640 (the old fixed 512-blocks padded it to 1024), and the choice
+    # models no slower than the old table's (bq, bk) = (256|512, 512)
+    chip = tpu_info.CHIPS[gen]
+    for causal in (False, True):
+        blocks = fb.choose_blocks(n, n, 64, jnp.bfloat16, chip, causal=causal)
+        assert [tpu_info.round_up(n, b) for b in blocks] == [padded, padded]
+        old = tuple(min(b, tpu_info.round_up(n, 128)) for b in ((256 if chip.mxu == 128 else 512), 512))
+        model = functools.partial(fb.modelled_seconds, sq=n, skv=n, head_dim=64,
+                                  dtype=jnp.bfloat16, chip=chip, causal=causal)
+        assert model(blocks) <= model(old)
+
+
 def test_supports_reasons():
     q, kv = (1, 4, 16, 64), (1, 2, 32, 64)
     assert fa.supports(q, "float32", kv, "float32", kv, "float32") is None
@@ -94,6 +199,12 @@ def test_supports_reasons():
                                            "float32")
     assert "head_dim" in fa.supports((1, 2, 8, 1024), "float32", (1, 2, 8, 1024), "float32",
                                      (1, 2, 8, 1024), "float32")
+    assert "segment ids" in fa.supports(q, "float32", kv, "float32", kv, "float32",
+                                        segment_ids_shapes=((1, 16), (1, 31)))
+    assert "window" in fa.supports(q, "float32", kv, "float32", kv, "float32", window=8)
+    with pytest.raises(ValueError, match="both"):
+        fa.flash_attention(jnp.ones(q), jnp.ones(kv), jnp.ones(kv),
+                           q_segment_ids=jnp.zeros((1, 16), jnp.int32))
     with pytest.raises(ValueError, match="dropout"):
         fa.flash_attention(jnp.ones(q), jnp.ones(kv), jnp.ones(kv), dropout_p=0.5)
 
@@ -116,6 +227,23 @@ def test_compiles_for_tpu(dtype, shape, causal, mask):
     tpu_compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), *args, kernels=3)
 
 
+@pytest.mark.parametrize("chip", tpu_info.CHECKED_GENERATIONS)
+def test_packed_sequences_compile_for_tpu(chip):
+    # b1 h8 s2048 d64, GQA 8/2, causal + segment ids: forward and backward compile for each
+    # chip with the chosen blocks, and the VMEM Mosaic allocates fits the chip
+    S = jax.ShapeDtypeStruct
+    q, kv, ids = (S((1, 8, 2048, 64), jnp.bfloat16), S((1, 2, 2048, 64), jnp.bfloat16),
+                  S((1, 2048), jnp.int32))
+
+    def loss(q, k, v, ids):
+        out = fa.flash_attention(q, k, v, causal=True, q_segment_ids=ids, kv_segment_ids=ids)
+        return out.astype(jnp.float32).sum()
+    summary = tpu_compile(jax.value_and_grad(loss, argnums=(0, 1, 2)), q, kv, kv, ids,
+                          chip=chip, kernels=3)
+    row = tpu_info.CHIPS[chip]
+    assert all(k.vmem_bytes <= row.vmem_bytes * 3 // 4 for k in summary.kernels), summary.format()
+
+
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_blocks_fit_vmem(gen, dtype):
@@ -134,3 +262,27 @@ def test_blocks_fit_vmem(gen, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_sweep(dtype, d, causal):
     _check_fwd_bwd((2, 4, 1, 300, 260, d), dtype, causal=causal, block=(128, 128))
+
+
+def test_custom_op_with_segment_ids_runs_the_kernel_both_ways():
+    # tpu_kernels::flash_attention is how torch code passes segment ids (SDPA cannot):
+    # forward and backward on tpu run the Pallas kernels and match the CPU reference
+    import torch
+
+    from tpu_kernels import dispatch, registry
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 40, 64, requires_grad=True)
+    k, v = (torch.randn(2, 1, 40, 64, requires_grad=True) for _ in range(2))
+    ids = torch.tensor([[0] * 15 + [1] * 25, [3] * 40])
+    op = torch.ops.tpu_kernels.flash_attention
+    ref = op(q, k, v, ids, ids, True)
+    ref.backward(torch.ones_like(ref))
+    tq, tk, tv = (x.detach().to("tpu").requires_grad_() for x in (q, k, v))
+    names = ("tpu_kernels.flash_attention.default", "tpu_kernels.flash_attention_backward.default")
+    before = [dispatch.op_counts().get((n, "pallas"), 0) for n in names]
+    with registry.interpret():
+        out = op(tq, tk, tv, ids.to("tpu"), ids.to("tpu"), True)
+        out.backward(torch.ones_like(out))
+    assert [dispatch.op_counts().get((n, "pallas"), 0) for n in names] == [b + 1 for b in before]
+    for x, y in ((out, ref), (tq.grad, q.grad), (tk.grad, k.grad), (tv.grad, v.grad)):
+        torch.testing.assert_close(x.cpu(), y, **tol(torch.float32, kernel=True))

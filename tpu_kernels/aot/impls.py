@@ -37,6 +37,13 @@ def _attention_backward() -> tuple:
     return (q, q, q, q, q, _t(1, 32, 4096, dtype=F), 0.0, True), {}
 
 
+def _packed_attention(backward: bool) -> tuple:
+    """tpu_kernels::flash_attention over packed sequences: segment ids, causal, GQA 32/8."""
+    q, kv, ids = _t(1, 32, 4096, 128), _t(1, 8, 4096, 128), _t(1, 4096, dtype=torch.int32)
+    args = (q, kv, kv, ids, ids, True)
+    return ([q], *args) if backward else args, {}
+
+
 def _adam(tensor_lr: bool) -> tuple:
     params = [_t(H, FFN, dtype=F), _t(H, dtype=F)]
     steps = [_t(dtype=F) for _ in params]
@@ -62,6 +69,8 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "aten::bmm": lambda: ((_t(32, 4096, 128), _t(32, 128, 4096)), {}),
     "aten::_scaled_dot_product_flash_attention_for_cpu": _attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attention_backward,
+    "tpu_kernels::flash_attention": lambda: _packed_attention(False),
+    "tpu_kernels::flash_attention_backward": lambda: _packed_attention(True),
     "tpu_kernels::cross_entropy": lambda: ((_t(N, V), _t(N, dtype=L)), {}),
     "tpu_kernels::linear_cross_entropy": lambda: ((_t(4096, H), _t(V, H), _t(4096, dtype=L)),
                                                   {}),

@@ -49,9 +49,9 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
         return aten._scaled_dot_product_fused_attention_overrideable(
             query, key, value, attn_mask, 0.0, is_causal, scale=scale)[0]
     if fusable and mask_ok:
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
-                attn_mask.logical_not(), float("-inf"))
+        # a bool mask stays bool (torch's CPU kernel would refuse it, its meta function and
+        # the tpu impls take it): the flash kernel reads it as int8, a quarter of an f32
+        # additive mask's HBM traffic, and with no full-size masked_fill pass before it
         return aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return aten.scaled_dot_product_attention.default.decompose(

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -63,11 +63,14 @@ def vmem_bytes(blocks: Blocks, head_dim: int, dtype, mask_itemsize: int = 0) -> 
 
 def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
                   mask_itemsize: int = 0) -> Blocks:
-    """Table entry by MXU width, clamped to the padded sequences (multiples of 128, so
-    every dot has >= 128 on its contracting and lane sides), halved until it fits."""
-    bq, bk = _TABLE[128 if chip.mxu <= 128 else 256]
+    """The tuned table's entry (``tuned``; unmasked calls), else the one by MXU width,
+    clamped to the padded sequences (multiples of 128, so every dot has >= 128 on its
+    contracting and lane sides), halved until it fits."""
+    hit = None if mask_itemsize else tuned.lookup_blocks("flash_attention", chip, dtype,
+                                                         sq=sq, skv=skv, d=head_dim)
+    bq, bk = hit or _TABLE[128 if chip.mxu <= 128 else 256]
     bq, bk = min(bq, round_up(sq, LANES)), min(bk, round_up(skv, LANES))
-    budget = tpu_info.vmem_budget(chip)
+    budget = tuned.vmem_budget(chip, hit)
     while vmem_bytes((bq, bk), head_dim, dtype, mask_itemsize) > budget:
         if bk >= bq and bk > LANES:
             bk //= 2

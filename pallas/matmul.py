@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost, pad_to, pallas_call
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -47,15 +47,17 @@ def vmem_bytes(blocks: Blocks, dtype, out_dtype=None, bias_bytes: int = 0) -> in
 
 
 def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip) -> Blocks:
-    """Table entry for (chip.mxu, shape class), clamped to the padded problem, then
-    halved (largest first, never below (sublane, 128, 128)) until it fits VMEM."""
+    """The tuned table's entry (``tuned``), else the heuristic's for (chip.mxu, shape
+    class), clamped to the padded problem, then halved (largest first, never below
+    (sublane, 128, 128)) until it fits VMEM."""
     sub = tpu_info.sublane(dtype)
     shape_class = "skinny" if m <= 256 else "square"
-    bm, bn, bk = _TABLE[(128 if chip.mxu <= 128 else 256, shape_class)]
+    hit = tuned.lookup_blocks("matmul", chip, dtype, m=m, n=n, k=k)
+    bm, bn, bk = hit or _TABLE[(128 if chip.mxu <= 128 else 256, shape_class)]
     bm = min(bm, round_up(m, sub))
     bn = min(bn, round_up(n, 128))
     bk = min(bk, round_up(k, 128))
-    budget = tpu_info.vmem_budget(chip)
+    budget = tuned.vmem_budget(chip, hit)
     while vmem_bytes((bm, bn, bk), dtype) > budget:
         if bk >= max(bn, bm) and bk > 128:
             bk //= 2

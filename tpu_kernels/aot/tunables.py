@@ -1,0 +1,109 @@
+"""The kernels ``python -m tpu_kernels tune`` can search, and how: per kernel, the
+parameters it tunes, the shape classes tuned by default, the candidate configurations,
+the program that runs one configuration at a class's representative shape, the kernel's
+own VMEM arithmetic for a configuration, and what its heuristic picks without a table.
+
+Default classes are the shapes the cost table (``python -m tpu_kernels costs``) judges,
+forward and backward (Llama-3-8B sizes, their small and ragged variants, head_dim 64).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from tpu_kernels.pallas import flash_attention as fa
+from tpu_kernels.pallas import matmul as mm
+from tpu_kernels.pallas import tpu_info, tuned
+from tpu_kernels.pallas.launch import max_vmem_bytes
+from tpu_kernels.pallas.tpu_info import round_up
+
+S = jax.ShapeDtypeStruct
+Dims = dict[str, int]
+Config = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tunable:
+    kernel: str                                                  # the table's name
+    params: tuple[str, ...]                                      # ("bm", "bn", "bk")
+    classes: tuple[str, ...]                                     # ``tuned.shape_class`` strings
+    candidates: Callable[[Any, Dims, tpu_info.Chip], list[Config]]
+    program: Callable[[Any, Dims, Config], tuple[Callable[..., Any], list]]
+    vmem: Callable[[Any, Dims, Config], int]                     # the kernel's own estimate
+    heuristic: Callable[[Any, Dims, tpu_info.Chip], Config]      # choose_blocks without a table
+
+    def legal(self, dtype: Any, dims: Dims, chip: tpu_info.Chip) -> list[Config]:
+        """Candidates whose VMEM estimate ``launch.vmem_limit`` can make room for."""
+        cap = max_vmem_bytes(chip)
+        return [c for c in self.candidates(dtype, dims, chip) if self.vmem(dtype, dims, c) <= cap]
+
+
+def _sizes(dim: int, align: int, lo: int, hi: int = 4096) -> list[int]:
+    """Powers of two from ``lo`` to ``hi``, each clamped to ``dim`` padded to ``align``."""
+    top = round_up(dim, align)
+    out, b = [], lo
+    while b <= hi:
+        out.append(min(b, top))
+        b *= 2
+    return sorted(set(out))
+
+
+# -- matmul ---------------------------------------------------------------------------
+
+def _mm_candidates(dtype: Any, d: Dims, chip: tpu_info.Chip) -> list[Config]:
+    sub, wide = tpu_info.sublane(dtype), max(chip.mxu, 128)
+    return [(bm, bn, bk) for bm in _sizes(d["m"], sub, 128, 2048)
+            for bn in _sizes(d["n"], 128, wide) for bk in _sizes(d["k"], 128, wide)]
+
+
+def _mm_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], list]:
+    fn = lambda a, b: mm.matmul(a, b, block=c)  # noqa: E731
+    return fn, [S((d["m"], d["k"]), dtype), S((d["k"], d["n"]), dtype)]
+
+
+MATMUL = Tunable(
+    "matmul", ("bm", "bn", "bk"),
+    tuple(tuned.shape_class(jnp.bfloat16, m=m, n=n, k=k) for m, n, k in (
+        (8192, 14336, 4096), (8192, 4096, 14336), (4096, 14336, 8192),   # prod: fwd, dA, dB
+        (512, 14336, 4096), (512, 4096, 14336), (4096, 14336, 512),      # small
+        (520, 1408, 1100),                                               # ragged
+        (4096, 4096, 128), (4096, 128, 4096), (1100, 1100, 128))),       # bmm (attention-like)
+    _mm_candidates, _mm_program,
+    lambda dtype, d, c: mm.vmem_bytes(c, dtype),
+    lambda dtype, d, chip: mm.choose_blocks(d["m"], d["n"], d["k"], dtype, chip),
+)
+
+
+# -- flash attention (forward + backward, causal, GQA 4:1) -----------------------------
+
+def _fa_candidates(dtype: Any, d: Dims, chip: tpu_info.Chip) -> list[Config]:
+    return [(bq, bk) for bq in _sizes(d["sq"], 128, 128, 2048) for bk in _sizes(d["skv"], 128, 128, 2048)]
+
+
+def _fa_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], list]:
+    def loss(q, k, v):
+        return fa.flash_attention(q, k, v, causal=True, block=c).astype(jnp.float32).sum()
+    fn = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    kv = S((1, 2, d["skv"], d["d"]), dtype)
+    return fn, [S((1, 8, d["sq"], d["d"]), dtype), kv, kv]
+
+
+FLASH_ATTENTION = Tunable(
+    "flash_attention", ("bq", "bk"),
+    tuple(tuned.shape_class(jnp.bfloat16, sq=s, skv=s, d=hd) for s, hd in (
+        (4096, 128), (8192, 128), (1100, 128), (4096, 64), (1024, 128))),
+    _fa_candidates, _fa_program,
+    lambda dtype, d, c: fa.vmem_bytes(c, d["d"], dtype),
+    lambda dtype, d, chip: fa.choose_blocks(d["sq"], d["skv"], d["d"], dtype, chip),
+)
+
+TUNABLES: dict[str, Tunable] = {t.kernel: t for t in (MATMUL, FLASH_ATTENTION)}
+
+
+def get(kernel: str) -> Tunable:
+    if kernel not in TUNABLES:
+        raise ValueError(f"tune: no search is defined for kernel {kernel!r}; tunable: {sorted(TUNABLES)}")
+    return TUNABLES[kernel]

@@ -34,6 +34,7 @@ class Tunable:
     program: Callable[[Any, Dims, Config], tuple[Callable[..., Any], list]]
     vmem: Callable[[Any, Dims, Config], int]                     # the kernel's own estimate
     heuristic: Callable[[Any, Dims, tpu_info.Chip], Config]      # choose_blocks without a table
+    exposed: Callable[[Any, Dims, Config], int]                  # bytes of pipeline fill + drain
 
     def legal(self, dtype: Any, dims: Dims, chip: tpu_info.Chip) -> list[Config]:
         """Candidates whose VMEM estimate ``launch.vmem_limit`` can make room for."""
@@ -64,6 +65,13 @@ def _mm_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], lis
     return fn, [S((d["m"], d["k"]), dtype), S((d["k"], d["n"]), dtype)]
 
 
+def _mm_exposed(dtype: Any, d: Dims, c: Config) -> int:
+    """The first A and B blocks load before the first step computes; the last output
+    block stores after the last one."""
+    bm, bn, bk = c
+    return (bm * bk + bk * bn + bm * bn) * jnp.dtype(dtype).itemsize
+
+
 MATMUL = Tunable(
     "matmul", ("bm", "bn", "bk"),
     tuple(tuned.shape_class(jnp.bfloat16, m=m, n=n, k=k) for m, n, k in (
@@ -74,13 +82,14 @@ MATMUL = Tunable(
     _mm_candidates, _mm_program,
     lambda dtype, d, c: mm.vmem_bytes(c, dtype),
     lambda dtype, d, chip: mm.choose_blocks(d["m"], d["n"], d["k"], dtype, chip),
+    _mm_exposed,
 )
 
 
 # -- flash attention (forward + backward, causal, GQA 4:1) -----------------------------
 
 def _fa_candidates(dtype: Any, d: Dims, chip: tpu_info.Chip) -> list[Config]:
-    return [(bq, bk) for bq in _sizes(d["sq"], 128, 128, 2048) for bk in _sizes(d["skv"], 128, 128, 2048)]
+    return [(bq, bk) for bq in _sizes(d["sq"], 128, 256, 2048) for bk in _sizes(d["skv"], 128, 256, 2048)]
 
 
 def _fa_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], list]:
@@ -91,13 +100,22 @@ def _fa_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], lis
     return fn, [S((1, 8, d["sq"], d["d"]), dtype), kv, kv]
 
 
+def _fa_exposed(dtype: Any, d: Dims, c: Config) -> int:
+    """Per kernel, its first blocks in and its last out: forward q, k, v in and o out; dq
+    q, dO, k, v in and dq out; dK/dV q, dO, k, v in and dk, dv out."""
+    bq, bk = c
+    hd = round_up(d["d"], 128)
+    return (2 * bq + 2 * bk + 3 * bq + 2 * bk + 2 * bq + 4 * bk) * hd * jnp.dtype(dtype).itemsize
+
+
 FLASH_ATTENTION = Tunable(
     "flash_attention", ("bq", "bk"),
     tuple(tuned.shape_class(jnp.bfloat16, sq=s, skv=s, d=hd) for s, hd in (
-        (4096, 128), (8192, 128), (1100, 128), (4096, 64), (1024, 128))),
+        (4096, 128), (8192, 128), (1100, 128), (4096, 64))),
     _fa_candidates, _fa_program,
     lambda dtype, d, c: fa.vmem_bytes(c, d["d"], dtype),
     lambda dtype, d, chip: fa.choose_blocks(d["sq"], d["skv"], d["d"], dtype, chip),
+    _fa_exposed,
 )
 
 TUNABLES: dict[str, Tunable] = {t.kernel: t for t in (MATMUL, FLASH_ATTENTION)}

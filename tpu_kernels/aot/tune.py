@@ -5,11 +5,12 @@ For each shape class, at the class's representative shape (its power-of-two buck
 
 1. enumerate the candidates (``tunables``) whose VMEM estimate the scoped limit can be
    raised for;
-2. model each with the cost model (``registry.costs.kernel_model``: flops and HBM bytes
-   its grid moves, padding and re-fetches included, plus a cost per grid step). Bigger
-   blocks keep paying less and less: among candidates within ``TOLERANCE`` of the best
-   modelled time, the smaller VMEM footprint comes first (room for XLA's fusions, less
-   pipeline fill);
+2. score each: the cost model's time (``registry.costs.kernel_model``: flops and HBM
+   bytes its grid moves, padding and re-fetches included, plus a cost per grid step) plus
+   the pipeline's fill and drain, which the model does not see and big blocks pay (the
+   first blocks load before any compute, the last output block stores after it: their
+   bytes at HBM bandwidth). Among candidates within ``TOLERANCE`` of the best score the
+   smaller VMEM footprint comes first (room for XLA's fusions around the kernel);
 3. compile them in that order for the chip with the real compiler (libtpu compile-only,
    ``tpu_kernels.aot``) until ``keep`` compile and their compiled VMEM fits the chip;
 4. on a TPU, time the survivors (median of runs) and keep the fastest; elsewhere the
@@ -55,9 +56,14 @@ def _modelled(t: tunables.Tunable, dtype: Any, dims: dict, c: tuple, chip: str) 
     return kernel_model.model(fn, specs, chip).seconds
 
 
+def score(t: tunables.Tunable, dtype: Any, dims: dict, c: tuple, chip: tpu_info.Chip) -> float:
+    """Modelled seconds plus the pipeline's exposed fill and drain."""
+    return _modelled(t, dtype, dims, c, chip.name) + t.exposed(dtype, dims, c) / chip.hbm_bytes_per_s
+
+
 def rank(t: tunables.Tunable, dtype: Any, dims: dict, chip: tpu_info.Chip) -> list[tuple[tuple, float]]:
-    """Legal candidates with their modelled seconds, in the order they are tried."""
-    scored = [(c, _modelled(t, dtype, dims, c, chip.name)) for c in t.legal(dtype, dims, chip)]
+    """Legal candidates with their scores (seconds), in the order they are tried."""
+    scored = [(c, score(t, dtype, dims, c, chip)) for c in t.legal(dtype, dims, chip)]
     if not scored:
         return []
     best = min(s for _, s in scored)
@@ -103,12 +109,12 @@ def search(t: tunables.Tunable, chip: str, shape_cls: str, keep: int | None = No
             vmem = aot_compile(fn, *specs, chip=row.name).summary.max_kernel_vmem
         except Exception as exc:  # noqa: BLE001  (a compile failure rejects the candidate)
             rejects.append(f"{c}: {explain(exc)}")
-            progress(f"  {c} modelled {seconds * 1e6:.1f} us: FAIL {explain(exc)}")
+            progress(f"  {c} scored {seconds * 1e6:.1f} us: FAIL {explain(exc)}")
             continue
         if vmem is not None and vmem > cap * 3 // 4:
             rejects.append(f"{c}: compiled VMEM {vmem} > 3/4 of {cap}")
             continue
-        progress(f"  {c} modelled {seconds * 1e6:.1f} us: ok, VMEM "
+        progress(f"  {c} scored {seconds * 1e6:.1f} us: ok, VMEM "
                  f"{(vmem or 0) / tpu_info.MiB:.1f} MiB ({time.perf_counter() - t0:.1f} s)")
         survivors.append((c, seconds, vmem, _time_on_tpu(fn, specs) if on_tpu else None))
     if not survivors:
@@ -118,8 +124,10 @@ def search(t: tunables.Tunable, chip: str, shape_cls: str, keep: int | None = No
     with tuned.heuristics_only(), tpu_info.compile_for(row):
         heur = tuple(t.heuristic(dtype, dims, row))
     entry = {**dict(zip(t.params, c)), "basis": "measured" if on_tpu else "compiled+modelled",
-             "modelled_s": seconds, "vmem_bytes": vmem, "vmem_estimate": t.vmem(dtype, dims, c),
+             "modelled_s": _modelled(t, dtype, dims, c, row.name), "score_s": seconds,
+             "vmem_bytes": vmem, "vmem_estimate": t.vmem(dtype, dims, c),
              "heuristic": list(heur), "heuristic_modelled_s": _modelled(t, dtype, dims, heur, row.name),
+             "heuristic_score_s": score(t, dtype, dims, heur, row),
              "candidates": len(order), "compiled": compiled, "rejected": rejects[:_REJECTS_KEPT]}
     if measured is not None:
         entry["measured_s"] = measured
@@ -147,9 +155,9 @@ def _summary(t: tunables.Tunable, out: Outcome) -> str:
     if e is None:
         return "; ".join(out.lines)
     c = tuple(e[p] for p in t.params)
-    gain = e["heuristic_modelled_s"] / e["modelled_s"] if e["modelled_s"] else float("nan")
-    return (f"{c} {e['modelled_s'] * 1e6:.1f} us modelled (heuristic {tuple(e['heuristic'])} "
-            f"{e['heuristic_modelled_s'] * 1e6:.1f} us: {gain:.2f}x)")
+    gain = e["heuristic_score_s"] / e["score_s"] if e["score_s"] else float("nan")
+    return (f"{c} {e['score_s'] * 1e6:.1f} us scored (heuristic {tuple(e['heuristic'])} "
+            f"{e['heuristic_score_s'] * 1e6:.1f} us: {gain:.2f}x)")
 
 
 def parse_classes(text: str, dtype: str) -> list[str]:
@@ -179,7 +187,7 @@ def main_args(args: argparse.Namespace) -> int:
     classes = parse_classes(args.shapes, args.dtype) if args.shapes else None
     t = tunables.get(args.kernel)
     outcomes = run(args.kernel, chips, classes, args.write, args.keep, progress=lambda s: print(s, flush=True))
-    print(f"\n| chip | class | {' | '.join(t.params)} | modelled | heuristic | modelled | gain | VMEM |")
+    print(f"\n| chip | class | {' | '.join(t.params)} | score | heuristic | score | gain | VMEM |")
     print("|---" * (len(t.params) + 7) + "|")
     for o in outcomes:
         e = o.entry
@@ -187,8 +195,8 @@ def main_args(args: argparse.Namespace) -> int:
             print(f"| {o.chip} | {o.shape_class} | " + " | ".join(["-"] * (len(t.params) + 5)) + " |")
             continue
         print(f"| {o.chip} | {o.shape_class} | " + " | ".join(str(e[p]) for p in t.params)
-              + f" | {e['modelled_s'] * 1e6:.1f} us | {tuple(e['heuristic'])} | {e['heuristic_modelled_s'] * 1e6:.1f} us"
-              f" | {e['heuristic_modelled_s'] / e['modelled_s']:.2f}x | {(e['vmem_bytes'] or 0) / tpu_info.MiB:.1f} MiB |")
+              + f" | {e['score_s'] * 1e6:.1f} us | {tuple(e['heuristic'])} | {e['heuristic_score_s'] * 1e6:.1f} us"
+              f" | {e['heuristic_score_s'] / e['score_s']:.2f}x | {(e['vmem_bytes'] or 0) / tpu_info.MiB:.1f} MiB |")
     if args.write:
         print(f"\nwritten: {tuned.path(t.kernel)}")
     return 0 if all(o.entry is not None for o in outcomes) else 1

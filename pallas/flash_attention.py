@@ -66,8 +66,8 @@ def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
     """The tuned table's entry (``tuned``; unmasked calls), else the one by MXU width,
     clamped to the padded sequences (multiples of 128, so every dot has >= 128 on its
     contracting and lane sides), halved until it fits."""
-    hit = None if mask_itemsize else tuned.lookup_blocks("flash_attention", chip, dtype,
-                                                         sq=sq, skv=skv, d=head_dim)
+    hit = None if mask_itemsize else tuned.lookup_blocks(
+        "flash_attention", chip, dtype, align=(LANES, LANES), sq=sq, skv=skv, d=head_dim)
     bq, bk = hit or _TABLE[128 if chip.mxu <= 128 else 256]
     bq, bk = min(bq, round_up(sq, LANES)), min(bk, round_up(skv, LANES))
     budget = tuned.vmem_budget(chip, hit)

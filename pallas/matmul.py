@@ -52,7 +52,7 @@ def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip) -> Blocks:
     (sublane, 128, 128)) until it fits VMEM."""
     sub = tpu_info.sublane(dtype)
     shape_class = "skinny" if m <= 256 else "square"
-    hit = tuned.lookup_blocks("matmul", chip, dtype, m=m, n=n, k=k)
+    hit = tuned.lookup_blocks("matmul", chip, dtype, align=(sub, 128, 128), m=m, n=n, k=k)
     bm, bn, bk = hit or _TABLE[(128 if chip.mxu <= 128 else 256, shape_class)]
     bm = min(bm, round_up(m, sub))
     bn = min(bn, round_up(n, 128))

@@ -10,7 +10,8 @@ and the figures behind the choice. A kernel's block heuristic asks first:
 
 A shape class is the dtype and each named dim rounded up to a power of two: every
 problem in a class is at most the size the entry was tuned at, so the tuned blocks,
-clamped to the problem, fit the VMEM they were checked against. No entry: None, and the
+fitted to the problem (``fit``: same block count, least padding), never outgrow the
+VMEM they were checked against. No entry: None, and the
 heuristic decides.
 """
 from __future__ import annotations
@@ -98,9 +99,26 @@ def params(kernel: str, chip: str | tpu_info.Chip, shape_cls: str) -> tuple[int,
     return tuple(int(entry[p]) for p in table(kernel)["params"])
 
 
-def lookup_blocks(kernel: str, chip: str | tpu_info.Chip, dtype: Any, **dims: int) -> tuple[int, ...] | None:
-    """``params`` for the class of this problem: the one call a ``choose_blocks`` makes."""
-    return params(kernel, chip, shape_class(dtype, **dims))
+def fit(block: int, dim: int, align: int) -> int:
+    """``block`` fitted to ``dim``: as many blocks as ``block`` needs over ``dim`` padded
+    to ``align``, each as small as that count allows (a multiple of ``align``). Never
+    larger than ``block``; pads the dim by less than one ``align`` per block (m=520 with
+    a 512-row block: two blocks of 272, not two of 512)."""
+    padded = tpu_info.round_up(dim, align)
+    count = -(-padded // block)
+    return tpu_info.round_up(-(-padded // count), align)
+
+
+def lookup_blocks(kernel: str, chip: str | tpu_info.Chip, dtype: Any, align: tuple[int, ...] = (),
+                  **dims: int) -> tuple[int, ...] | None:
+    """``params`` for the class of this problem: the one call a ``choose_blocks`` makes.
+    With ``align``, the first ``len(align)`` parameters are ``fit`` to the first dims
+    (matmul: bm, bn, bk to m, n, k with (sublane, 128, 128))."""
+    found = params(kernel, chip, shape_class(dtype, **dims))
+    if found is None or not align:
+        return found
+    sizes = list(dims.values())
+    return tuple(fit(b, sizes[i], align[i]) if i < len(align) else b for i, b in enumerate(found))
 
 
 def vmem_budget(chip: tpu_info.Chip, tuned_hit: Any) -> int:

@@ -33,10 +33,19 @@ def test_matmul_takes_the_tuned_entry_and_clamps_it():
     dtype, dims = tuned.representative(entry_key.split("|", 1)[1])
     want = tuned.params("matmul", "v6e", entry_key.split("|", 1)[1])
     assert mm.choose_blocks(dims["m"], dims["n"], dims["k"], jnp.dtype(dtype), chip) == want
-    # A smaller problem of the same class: the tuned blocks clamped to it (one row block).
+    # A smaller problem of the same class: as many row blocks as the tuned bm needs,
+    # each as small as that allows (a multiple of 16 rows), never bigger than tuned.
     m = dims["m"] // 2 + 8
     bm, bn, bk = mm.choose_blocks(m, dims["n"], dims["k"], jnp.dtype(dtype), chip)
-    assert bm == min(want[0], tpu_info.round_up(m, 16)) and (bn, bk) == want[1:]
+    assert (bn, bk) == want[1:] and bm == tuned.fit(want[0], m, 16) <= want[0]
+    assert tpu_info.round_up(m, bm) - m < 16 * -(-m // bm)
+
+
+@pytest.mark.parametrize("block,dim,align,want", [
+    (512, 520, 16, 272), (1024, 1408, 128, 768), (512, 1100, 128, 384), (4096, 14336, 128, 3584),
+    (2048, 1100, 128, 1152), (512, 512, 16, 512), (1024, 8192, 16, 1024)])
+def test_fit_keeps_the_block_count_and_pads_least(block, dim, align, want):
+    assert tuned.fit(block, dim, align) == want
 
 
 def test_without_an_entry_the_heuristic_decides(monkeypatch):
@@ -56,7 +65,7 @@ def test_a_fake_entry_reaches_flash_attention_but_not_masked_calls(monkeypatch):
     monkeypatch.setattr(tuned, "table", lambda kernel: table)
     chip = tpu_info.chip("v5e")
     assert fa.choose_blocks(2048, 2048, 128, jnp.bfloat16, chip) == (1024, 256)
-    assert fa.choose_blocks(1100, 1100, 128, jnp.bfloat16, chip) == (1024, 256)   # same class
+    assert fa.choose_blocks(1100, 1100, 128, jnp.bfloat16, chip) == (576, 256)    # same class, fitted
     assert fa.choose_blocks(2048, 2048, 128, jnp.bfloat16, chip, mask_itemsize=1) == fa._TABLE[128]
 
 

@@ -83,9 +83,25 @@ def heuristics_only() -> Iterator[None]:
         _OFF.reset(token)
 
 
+_FORCED: contextvars.ContextVar[dict[str, dict]] = contextvars.ContextVar("tpu_kernels_tuned_forced", default={})
+
+
+@contextlib.contextmanager
+def forced(kernel: str, entry: dict) -> Iterator[None]:
+    """Within the block every lookup for ``kernel`` answers ``entry`` (parameters by name):
+    how the tuner tries a configuration on a kernel that takes no block argument."""
+    token = _FORCED.set({**_FORCED.get(), kernel: entry})
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
 def lookup(kernel: str, chip: str | tpu_info.Chip, shape_cls: str) -> dict | None:
     """The tuned entry for (kernel, chip, shape class): its parameters by name plus the
     figures behind them; None when the table has none (use the heuristic)."""
+    if kernel in _FORCED.get():
+        return _FORCED.get()[kernel]
     if _OFF.get():
         return None
     return table(kernel)["entries"].get(key(chip, shape_cls))
@@ -96,7 +112,8 @@ def params(kernel: str, chip: str | tpu_info.Chip, shape_cls: str) -> tuple[int,
     entry = lookup(kernel, chip, shape_cls)
     if entry is None:
         return None
-    return tuple(int(entry[p]) for p in table(kernel)["params"])
+    names = table(kernel)["params"] or list(entry)    # a forced entry names its own
+    return tuple(int(entry[p]) for p in names)
 
 
 def fit(block: int, dim: int, align: int) -> int:

@@ -98,3 +98,16 @@ def test_tune_one_tiny_class_compiles_ranks_and_writes(tmp_path, monkeypatch):
         assert mm.choose_blocks(256, 512, 256, jnp.bfloat16, tpu_info.chip("v6e")) == blocks
     finally:
         tuned.table.cache_clear()
+
+
+def test_a_forced_entry_reaches_a_kernel_without_a_block_argument(monkeypatch):
+    """The tuner tries cross entropy's configurations through the lookup itself."""
+    from tpu_kernels.pallas import cross_entropy as ce
+
+    monkeypatch.setattr(tuned, "table", lambda kernel: {"params": [], "entries": {}})
+    chip = tpu_info.chip("v5e")
+    heuristic = ce.block_sizes(8192, 128256, jnp.bfloat16, chip)
+    with tuned.forced("cross_entropy", {"bn": 64, "bv": 512}):
+        assert ce.block_sizes(8192, 128256, jnp.bfloat16, chip) == (64, 512)
+        assert tuned.lookup("matmul", chip, "bfloat16 m=8192 n=16384 k=4096") is None   # others untouched
+    assert ce.block_sizes(8192, 128256, jnp.bfloat16, chip) == heuristic

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from tpu_kernels.pallas import cross_entropy as ce
 from tpu_kernels.pallas import flash_attention as fa
 from tpu_kernels.pallas import matmul as mm
 from tpu_kernels.pallas import tpu_info, tuned
@@ -118,7 +119,32 @@ FLASH_ATTENTION = Tunable(
     _fa_exposed,
 )
 
-TUNABLES: dict[str, Tunable] = {t.kernel: t for t in (MATMUL, FLASH_ATTENTION)}
+# -- cross entropy (forward + backward; no block argument: the tuner forces the lookup) ---
+
+def _ce_candidates(dtype: Any, d: Dims, chip: tpu_info.Chip) -> list[Config]:
+    sub = tpu_info.sublane(dtype)
+    return [(bn, bv) for bn in _sizes(d["n"], sub, 64, 512) for bv in _sizes(d["v"], 128, 512, 8192)]
+
+
+def _ce_program(dtype: Any, d: Dims, c: Config) -> tuple[Callable[..., Any], list]:
+    grad = jax.value_and_grad(lambda x, t: ce.cross_entropy(x, t))
+
+    def fn(x, t):
+        with tuned.forced("cross_entropy", {"bn": c[0], "bv": c[1]}):
+            return grad(x, t)
+    return fn, [S((d["n"], d["v"]), dtype), S((d["n"],), jnp.int32)]
+
+
+CROSS_ENTROPY = Tunable(
+    "cross_entropy", ("bn", "bv"),
+    tuple(tuned.shape_class(jnp.bfloat16, n=n, v=v) for n, v in ((8192, 128256), (512, 128256), (520, 50257))),
+    _ce_candidates, _ce_program,
+    lambda dtype, d, c: ce.vmem_bytes(c[0], c[1], dtype),
+    lambda dtype, d, chip: ce.block_sizes(d["n"], d["v"], dtype, chip),
+    lambda dtype, d, c: 2 * c[0] * c[1] * jnp.dtype(dtype).itemsize,    # a logits block in, its grad out
+)
+
+TUNABLES: dict[str, Tunable] = {t.kernel: t for t in (MATMUL, FLASH_ATTENTION, CROSS_ENTROPY)}
 
 
 def get(kernel: str) -> Tunable:

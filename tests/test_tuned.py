@@ -79,21 +79,24 @@ def test_tuned_blocks_may_use_the_raised_vmem_limit():
 
 @pytest.mark.slow
 @pytest.mark.skipif(aot.unavailable_reason() is not None, reason=str(aot.unavailable_reason()))
-def test_tune_one_tiny_class_compiles_ranks_and_writes(tmp_path, monkeypatch):
+def test_tune_one_tiny_class_compiles_ranks_and_writes(tmp_path, monkeypatch, capsys):
+    """``python -m tpu_kernels tune matmul --chip v6e --shapes ... --write`` (one compile)."""
+    from tpu_kernels.__main__ import main
     from tpu_kernels.aot import tune
 
     monkeypatch.setattr(tuned, "DIR", str(tmp_path))
     tuned.table.cache_clear()
-    lines: list[str] = []
     try:
-        [out] = tune.run("matmul", ["v6e"], tune.parse_classes("m=256,n=512,k=256", "bfloat16"),
-                         write=True, progress=lines.append)
-        e = out.entry
+        assert main(["tune", "matmul", "--chip", "v6e", "--shapes", "m=256,n=512,k=256", "--write"]) == 0
+        out = capsys.readouterr().out
+        assert "[1/1] matmul v6e bfloat16 m=256 n=512 k=256" in out and "legal candidates" in out
+        assert "| v6e | bfloat16 m=256 n=512 k=256 |" in out and "written:" in out
+        cls = "bfloat16 m=256 n=512 k=256"
+        e = tuned.lookup("matmul", "v6e", cls)
         assert e is not None and e["basis"] == "compiled+modelled" and e["compiled"] >= 1
         assert e["vmem_bytes"] > 0 and 0 < e["modelled_s"] <= e["score_s"]
         assert e["score_s"] <= e["heuristic_score_s"] * (1 + tune.TOLERANCE)
-        assert any("legal candidates" in s for s in lines)
-        blocks = tuned.params("matmul", "v6e", out.shape_class)
+        blocks = tuned.params("matmul", "v6e", cls)
         assert blocks == (e["bm"], e["bn"], e["bk"])
         assert mm.choose_blocks(256, 512, 256, jnp.bfloat16, tpu_info.chip("v6e")) == blocks
     finally:

@@ -175,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chip(s), comma-separated (default: the checked generations)")
     parser.add_argument("--shapes", default="",
                         help="shape classes as dims, e.g. 'm=1024,n=4096,k=4096;m=512,n=1024,k=4096' "
-                             "(flash_attention: sq,skv,d); default: the kernel's classes")
+                             "(flash_attention: sq,skv,d; cross_entropy: n,v); default: the kernel's classes")
     parser.add_argument("--dtype", default="bfloat16", help="dtype of --shapes (default bfloat16)")
     parser.add_argument("--keep", type=int, default=None,
                         help="candidates to compile successfully per class (default 1; 3 on a TPU, then timed)")

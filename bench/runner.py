@@ -29,7 +29,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tpu_kernels import registry
-from tpu_kernels.bench import cost_columns, peaks, report
+from tpu_kernels.bench import cost_columns, cost_plot, peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
 from tpu_kernels.bench.correctness import check_outputs
 from tpu_kernels.bench.timing import measure_call, outputs, sync_all
@@ -326,6 +326,9 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         run_info["cost_model"] = [r.as_dict() for r in modelled]
         for line in cost_columns.lines(modelled):
             out(line)
+        if plots and modelled:
+            drawn = cost_plot.plot(modelled, os.path.join(plots, "cost_model.png"))
+            out(f"cost model plot: {drawn or 'nothing modelled'}")
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:

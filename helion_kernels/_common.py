@@ -31,7 +31,7 @@ import jax.extend.core as jex_core
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost  # noqa: F401  (the kernel modules' cost helper)
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -90,6 +90,7 @@ def launch(fn: Callable, config: dict[str, Any], *args: Any, estimate: pl.CostEs
     ``settings``) on JAX arrays (or tracers), for ``tpu_info.target()``; ``estimate`` is
     the kernel's ``pl.CostEstimate`` for these arguments."""
     interp = tpu_info.target().interpret
+    config = _tuned_config(fn, args) or config
     frozen = _freeze(config)
     kern = _build(fn, frozen, interp, _freeze(settings or {}))
     if not interp:
@@ -99,6 +100,17 @@ def launch(fn: Callable, config: dict[str, Any], *args: Any, estimate: pl.CostEs
     out = _named_call(kern.jax_fn, args, "helion" + fn.__name__.removesuffix("_kernel"), estimate)
     COMPILE_TIMES.setdefault(key, time.perf_counter() - t0)
     return out
+
+
+def _tuned_config(fn: Callable, args: tuple) -> dict[str, Any] | None:
+    """The kernel's fixed config from its tuned table (``pallas/tuned/helion_<name>.json``,
+    e.g. ``helion_rms_fwd.json``) for the target chip and the first array's shape class;
+    None: the wrapper's own rule."""
+    first = next((a for a in args if hasattr(a, "shape") and hasattr(a, "dtype")), None)
+    if first is None:
+        return None
+    return tuned.helion_config(fn.__name__.strip("_").removesuffix("_kernel"), tpu_info.target().chip,
+                               first.dtype, tuple(first.shape))
 
 
 def _named_call(jax_fn: Callable, args: tuple, name: str, estimate: pl.CostEstimate) -> Any:

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost, pallas_call
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -46,7 +46,11 @@ def vmem_bytes(block_n: int, block_v: int, dtype) -> int:
 
 def block_sizes(n: int, n_cls: int, dtype, chip: tpu_info.Chip) -> tuple[int, int]:
     """(row block, vocab block): rows a multiple of the dtype's sublane tile, the widest
-    128-multiple vocab block whose working set fits the chip's VMEM budget."""
+    128-multiple vocab block whose working set fits the chip's VMEM budget; a tuned
+    table's entry (``tuned``) first."""
+    hit = tuned.lookup_blocks("cross_entropy", chip, dtype, align=(tpu_info.sublane(dtype), 128), n=n, v=n_cls)
+    if hit:
+        return hit
     block_n = min(_ROW_BLOCK, round_up(n, tpu_info.sublane(dtype)))
     cap = round_up(n_cls, 128)
     for bv in _VOCAB_BLOCKS:

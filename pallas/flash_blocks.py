@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import pad_to
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -87,10 +87,15 @@ def _seq_blocks(n: int) -> list[int]:
 
 def choose_blocks(sq: int, skv: int, head_dim: int, dtype, chip: tpu_info.Chip,
                   mask_itemsize: int = 0, segments: bool = False, causal: bool = False) -> Blocks:
-    """(bq, bk), multiples of 128, with the least modelled time (``modelled_seconds``:
+    """The tuned table's entry (``tuned``; calls without a mask or segment ids), else
+    (bq, bk), multiples of 128, with the least modelled time (``modelled_seconds``:
     sequence padding, diagonal blocks and per-step cost all count) among those that pad
     little (``_seq_blocks``) and whose kernels fit the chip's VMEM budget; (128, 128)
     when none does."""
+    hit = None if (mask_itemsize or segments) else tuned.lookup_blocks(
+        "flash_attention", chip, dtype, align=(LANES, LANES), sq=sq, skv=skv, d=head_dim)
+    if hit and vmem_bytes(hit, head_dim, dtype) <= tuned.vmem_budget(chip, hit):
+        return hit
     budget = tpu_info.vmem_budget(chip)
     best, best_t = (LANES, LANES), float("inf")
     for bq in _seq_blocks(sq):

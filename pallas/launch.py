@@ -20,6 +20,8 @@ from tpu_kernels.pallas import tpu_info
 
 # Mosaic's own scratch and the body's temporaries ride on top of the block arithmetic.
 _HEADROOM = 4 / 3
+# The most of a core's VMEM one kernel may claim: the rest belongs to XLA's fusions.
+_LIMIT_SHARE = 3 / 4
 
 
 def vmem_limit(chip: tpu_info.Chip, vmem_bytes: int) -> int | None:
@@ -29,7 +31,13 @@ def vmem_limit(chip: tpu_info.Chip, vmem_bytes: int) -> int | None:
     need = int(vmem_bytes * _HEADROOM)
     if need <= chip.scoped_vmem_bytes:
         return None
-    return min(tpu_info.round_up(need, tpu_info.MiB), chip.vmem_bytes * 3 // 4)
+    return min(tpu_info.round_up(need, tpu_info.MiB), int(chip.vmem_bytes * _LIMIT_SHARE))
+
+
+def max_vmem_bytes(chip: tpu_info.Chip) -> int:
+    """The largest block footprint (``vmem_bytes``) ``vmem_limit`` can raise the limit for:
+    what tuned blocks, compiled and checked for ``chip``, may take."""
+    return int(chip.vmem_bytes * _LIMIT_SHARE / _HEADROOM)
 
 
 def cost(flops: float, bytes_accessed: float, transcendentals: float = 0) -> pl.CostEstimate:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost, pallas_call
 from tpu_kernels.pallas.tpu_info import round_up
 
@@ -99,10 +99,15 @@ def modelled_seconds(m: int, n: int, k: int, blocks: Blocks, dtype, chip: tpu_in
 
 def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip, *,
                   transpose_a: bool = False) -> Blocks:
-    """The (bm, bn, bk) with the least modelled time among each axis's candidates that
-    fit the VMEM budget. Caps come from the (MXU width, shape class) table; bm is a
-    multiple of the sublane tile (of 128 when a is read as [k, m]), bn and bk of 128,
-    or the full extent."""
+    """The tuned table's entry for the problem's shape class (``tuned``, fitted to the
+    problem), else the (bm, bn, bk) with the least modelled time among each axis's
+    candidates that fit the VMEM budget. Caps come from the (MXU width, shape class)
+    table; bm is a multiple of the sublane tile (of 128 when a is read as [k, m]), bn and
+    bk of 128, or the full extent."""
+    sub = 128 if transpose_a else tpu_info.sublane(dtype)
+    hit = tuned.lookup_blocks("matmul", chip, dtype, align=(sub, 128, 128), m=m, n=n, k=k)
+    if hit and vmem_bytes(hit, dtype) <= tuned.vmem_budget(chip, hit):
+        return hit
     return _choose(m, n, k, jnp.dtype(dtype).name, chip, transpose_a)
 
 

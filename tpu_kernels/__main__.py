@@ -1,4 +1,4 @@
-"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot,costs}``."""
+"""Command line: ``python -m tpu_kernels {demo,coverage,bench,aot,costs,tune}``."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import sys
 
 from tpu_kernels import coverage, demo
 from tpu_kernels.aot import cli as aot_cli   # libtpu loads only when a chip is asked for
-from tpu_kernels.aot import cost_table
+from tpu_kernels.aot import cost_table, tune
 from tpu_kernels.bench import runner
 
 
@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
                            description=cost_table.__doc__.split("\n\n")[0])
     cost_table.add_arguments(costs)
 
+    tuner = sub.add_parser("tune", help="search a kernel's block sizes per chip and shape class "
+                                        "(on a TPU by timing; here by real compile, VMEM and the cost model)",
+                           description=tune.__doc__.split("\n\n")[0])
+    tune.add_arguments(tuner)
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo.main(args.steps)
@@ -42,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         return coverage.main_args(args)
     if args.command == "costs":
         return cost_table.main_args(args)
+    if args.command == "tune":
+        return tune.main_args(args)
     if args.command == "aot":
         return aot_cli.main_args(args)
     return 2

@@ -12,7 +12,7 @@ import pytest
 
 from tpu_kernels.pallas import flash_attention as fa
 from tpu_kernels.pallas import flash_blocks as fb
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from helpers import tpu_compile
 from tpu_kernels.pallas.reference import flash_attention as ref
 from tpu_kernels.testing import tol
@@ -253,7 +253,8 @@ def test_blocks_fit_vmem(gen, dtype):
             for msz in (0, 1, 4):
                 bq, bk = fa.choose_blocks(sq, skv, d, dtype, chip, mask_itemsize=msz)
                 assert bq % 128 == 0 and bk % 128 == 0
-                assert fa.vmem_bytes((bq, bk), d, dtype, msz) <= tpu_info.vmem_budget(chip)
+                hit = None if msz else tuned.lookup_blocks("flash_attention", chip, dtype, sq=sq, skv=skv, d=d)
+                assert fa.vmem_bytes((bq, bk), d, dtype, msz) <= tuned.vmem_budget(chip, hit)   # tuned: compiled
 
 
 @pytest.mark.thorough

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tpu_kernels.pallas import matmul as mm
-from tpu_kernels.pallas import tpu_info
+from tpu_kernels.pallas import tpu_info, tuned
 from helpers import tpu_compile
 from tpu_kernels.pallas.reference import matmul as ref
 from tpu_kernels.testing import tol
@@ -164,7 +164,8 @@ def test_blocks_fit_vmem(gen, dtype):
     chip = tpu_info.CHIPS[gen]
     for m, n, k in SHAPES:
         bm, bn, bk = blocks = mm.choose_blocks(m, n, k, dtype, chip)
-        assert mm.vmem_bytes(blocks, dtype) <= tpu_info.vmem_budget(chip), (gen, m, n, k)
+        hit = tuned.lookup_blocks("matmul", chip, dtype, m=m, n=n, k=k)     # tuned: checked by compiling
+        assert mm.vmem_bytes(blocks, dtype) <= tuned.vmem_budget(chip, hit), (gen, m, n, k)
         assert bm % tpu_info.sublane(dtype) == 0 or bm == m
         assert (bn % 128 == 0 or bn == n) and (bk % 128 == 0 or bk == k)
         if chip.mxu == 256 and min(m, n, k) >= 1024:   # compute-bound: whole MXU passes

@@ -134,14 +134,23 @@ class Row:
             return None
         return d.useful_seconds / d.kernel_seconds if d.kernel_seconds else 0.0
 
+    @property
+    def xla_roofline_fraction(self) -> float | None:
+        """The op's ideal time on the chip over XLA's estimated time."""
+        d = self.decision
+        if d is None:
+            return None
+        return d.useful_seconds / d.xla_seconds if d.xla_seconds else 0.0
+
     def cells(self) -> list[str]:
         d = self.decision
         if d is None:
             return [self.kernel, self.op, self.chip, self.shape_class, "-", "-", "-",
-                    self.refused or "not modelled", "-"]
+                    self.refused or "not modelled", "-", "-"]
         return [self.kernel, self.op, self.chip, self.shape_class, _fmt(d.kernel_seconds),
                 f"{_fmt(d.xla_seconds)} ({d.source})", f"{d.ratio:.2f}",
-                "kernel" if d.kernel_wins else "XLA", f"{self.roofline_fraction:.0%}"]
+                "kernel" if d.kernel_wins else "XLA", f"{self.roofline_fraction:.0%}",
+                f"{self.xla_roofline_fraction:.0%}"]
 
     def as_dict(self) -> dict:
         """The row for JSON (seconds, not formatted text)."""
@@ -151,7 +160,8 @@ class Row:
         if d is not None:
             out.update(kernel_s=d.kernel_seconds, xla_s=d.xla_seconds, xla_source=d.source,
                        ratio=d.ratio, wins="kernel" if d.kernel_wins else "XLA",
-                       roofline_fraction=self.roofline_fraction)
+                       roofline_fraction=self.roofline_fraction,
+                       xla_roofline_fraction=self.xla_roofline_fraction)
         return out
 
 
@@ -188,7 +198,7 @@ def case_rows(name: str, args: tuple, kwargs: dict, label: str, chips: Iterable[
 
 
 HEADER = ["kernel", "op", "chip", "class", "kernel (modelled)", "XLA (estimate)", "XLA/kernel",
-          "wins", "roofline"]
+          "wins", "roofline", "XLA roofline"]
 
 
 def markdown(table_rows: list[Row]) -> str:
@@ -215,6 +225,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true",
                         help="first compile XLA's programs for these (libtpu, ~1-25 s each) and update "
                              "the shipped table")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="also draw the table (ratio and roofline shares per chip), e.g. docs/cost_model.png")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -227,4 +239,7 @@ def main_args(args: argparse.Namespace) -> int:
     table_rows = rows(ops, chips, classes)
     print(markdown(table_rows))
     print("\nkernels that never win here: " + (", ".join(never_win(table_rows)) or "none"))
+    if args.plot:
+        from tpu_kernels.bench import cost_plot
+        print(f"plot: {cost_plot.plot(table_rows, args.plot)}")
     return 0

@@ -287,6 +287,11 @@ def read(t: TpuTensor) -> jax.Array:
     return _settle(v)
 
 
+def storage_value(t: TpuTensor) -> jax.Array:
+    """The whole array of ``t``'s storage (``read`` for the storage, not the view)."""
+    return _settle(t._tpu_storage.array)
+
+
 def value(t: TpuTensor) -> jax.Array:
     """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
     return concrete(read(t))

@@ -43,6 +43,7 @@ class _OpState:
 
 
 _TENSOR, _LEAF = 2, 1
+_VIEW = object()   # in a fast key: the view geometry of the tensor before it follows
 
 
 _OPS: dict[int, _OpState] = {}   # id(op) -> its state (OpOverload hashes in Python: slow)
@@ -67,12 +68,15 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     if not kwargs:
         hit = cache.FAST.get(fast_key(s, args))
         if hit is not None and hit[3] is cache.CALLS:   # seen before: straight to the executable
-            compiled, pos, ckey, calls, single = hit
+            compiled, pos, ckey, calls, single, folded = hit
             compiled.calls += 1
             calls.hits += 1
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
-            dyn = [read(args[i]) if type(args[i]) is TpuTensor else args[i] for i in pos]
+            if folded is None:
+                dyn = [read(args[i]) if type(args[i]) is TpuTensor else args[i] for i in pos]
+            else:
+                dyn = [leaf_value(args[i], f or None) for i, f in zip(pos, folded)]
             if single is None or graph_trace.active() is not None:
                 return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
             return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
@@ -91,6 +95,8 @@ def fast_key(s: _OpState, args: tuple) -> tuple | None:
             if code != _TENSOR:
                 return None
             key += (a.shape, a.dtype, a._tpu_storage.index)
+            if not a._tpu_direct:   # a view: its program may read it from the storage
+                key += (_VIEW, a.stride(), a.storage_offset(), a._tpu_storage.array.shape, a._tpu_storage.array.dtype)
         elif t is float or t is int or t is bool:
             key += (t, SLOT if code else a)
         elif a is None:
@@ -100,9 +106,11 @@ def fast_key(s: _OpState, args: tuple) -> tuple | None:
     return tuple(key)
 
 
-def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple) -> None:
+def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, reads: list) -> None:
     """Index ``compiled`` in FAST under this call's fast key, when the hot path can run it:
-    a jitted impl that reads no scalar's value and draws no random key."""
+    a jitted impl that reads no scalar's value and draws no random key. The leaves are
+    the arguments at ``pos`` in order; ``folded`` says which are views whose program reads
+    them from their storage's array (None when none is)."""
     impl = compiled.impl
     if impl.static or impl.random or impl.data_dependent:
         return
@@ -110,7 +118,8 @@ def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple) 
     key = fast_key(s, args)
     if key is not None:
         pos = tuple(i for i, (a, k) in enumerate(zip(args, s.kinds)) if a is not None and k in (TENSOR, SCALAR))
-        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, compiled.single_out)
+        folded = tuple(r is not None for r in reads) if any(r is not None for r in reads) else None
+        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, compiled.single_out, folded)
 
 
 def _translated(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:
@@ -135,7 +144,7 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
     if not kwargs:
-        _remember(op, compiled, args, ckey)
+        _remember(op, compiled, args, ckey, sp.reads)
     return finish(compiled, args, kwargs, execute(op, compiled, leaves(compiled, sp, kwargs), args, kwargs))
 
 
@@ -148,17 +157,17 @@ def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Spl
     calls = cache.CALLS
     compiled = calls.get(key)
     if compiled is None:
-        compiled = calls.put(key, build(plan, args, kwargs, targs, tkw))
+        compiled = calls.put(key, build(plan, args, kwargs, targs, tkw, tuple(sp.reads)))
     if compiled.impl.static:  # this impl needs some scalars' values: key on them too
         sp, targs, tkw = split(plan, args, kwargs, compiled.impl.static)
         key = (key, targs, tkw)
-        compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw))
+        compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw, tuple(sp.reads)))
     return compiled, sp, key
 
 
 def leaves(compiled: CompiledCall, sp: Split, kwargs: dict) -> list:
     """The values the executable takes: each input read, and a PRNG key for a random impl."""
-    dyn = [leaf_value(v) for v in sp.leaves]
+    dyn = [leaf_value(v, r) for v, r in zip(sp.leaves, sp.reads)]
     if compiled.impl.random:
         trace = graph_trace.active()
         dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1, kwargs.get("generator")))

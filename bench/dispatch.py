@@ -129,7 +129,9 @@ DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_s
 
 def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
     """Seconds per call of each fn (result waited for), ``rounds * iters`` calls of each,
-    alternating call by call."""
+    alternating call by call, the order rotating each time: each side follows every other
+    side equally often (torch CPU's worker threads spin on after its call and slow whatever
+    runs next: with a fixed order, one side would always pay for that)."""
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -139,8 +141,11 @@ def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> 
             sync(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
     cpu: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds * iters):   # call by call, so a load spike hits every side alike
-        for name, fn in fns.items():
+    names = list(fns)
+    for i in range(rounds * iters):   # call by call, so a load spike hits every side alike
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            fn = fns[name]
             t0, c0 = time.perf_counter(), time.process_time()
             sync(fn())
             times[name].append(time.perf_counter() - t0)
@@ -188,23 +193,33 @@ def _line(r: dict) -> str:
 
 
 def first_call(out: Callable[[str], None]) -> dict[str, float]:
-    """The decoder forward's first call in a new process: cold, then warm compile cache."""
+    """The decoder forward's first call in a new process: cold, then warm compile cache;
+    each also after the process's one-time imports (``_first_call_child``). Wall seconds,
+    and process CPU seconds beside them (``*_cpu``: steadier on a loaded machine)."""
     res = {}
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, TPU_KERNELS_JAX_CACHE=cache_dir)
-        for label in ("cold", "warm"):
-            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", "--first-call-child"],
+        for label in ("cold", "warm", "warm, imports done"):
+            argv = ["--first-call-child"] + (["--imports-done"] if "imports" in label else [])
+            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", *argv],
                                   env=env, capture_output=True, text=True, check=True)
-            res[label] = float(proc.stdout.strip().splitlines()[-1])
-            out(f"decoder forward, first call, {label} compile cache: {res[label]:.3f} s")
+            wall, cpu = (float(x) for x in proc.stdout.strip().splitlines()[-1].split())
+            res[label], res[label + "_cpu"] = wall, cpu
+            out(f"decoder forward, first call, {label} compile cache: {wall:.3f} s (process CPU {cpu:.3f} s)")
     return res
 
 
-def _first_call_child() -> None:
+def _first_call_child(imports_done: bool) -> None:
+    """Time the decoder's first forward in this fresh process. ``imports_done``: import
+    ``torch._dynamo`` first, which torch itself imports at the first call of one of its
+    Python meta functions (``torch._disable_dynamo`` in the type-promotion wrapper), a
+    one-time process cost that whichever tpu op comes first pays."""
+    if imports_done:
+        import torch._dynamo  # noqa: F401
     fwd = _ops()["decoder (2 blocks, d256, b4 s128) forward"]("tpu")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sync(fwd())
-    sys.stdout.write(f"{time.perf_counter() - t0}\n")
+    sys.stdout.write(f"{time.perf_counter() - t0} {time.process_time() - c0}\n")
 
 
 def compare(new: dict, old: dict) -> list[str]:
@@ -240,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", help="a JSON file of an earlier run: flag ratios >10%% worse")
     p.add_argument("--first-call", action="store_true", help="time the decoder's first call, cold and warm")
     p.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--imports-done", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.first_call_child:
-        _first_call_child()
+        _first_call_child(args.imports_done)
         return 0
     result = run(args.quick, args.first_call)
     if args.json:

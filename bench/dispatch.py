@@ -4,8 +4,9 @@
                                          [--first-call]
 
 Rows (every ratio is a cost ratio: lower is better, and all come from this one run):
-- eager ops and a decoder forward, tpu vs torch CPU (``tpu/cpu``); the add also vs a bare
-  cached ``jax.jit`` call of the same add (``tpu/jit``, the dispatch floor);
+- eager ops and a decoder forward, tpu vs torch CPU (``tpu/cpu``); the add, softmax and
+  layer norm also vs a bare cached ``jax.jit`` call of the same jnp function (``tpu/jit``,
+  the dispatch floor) and that jit call vs torch CPU (``jit/cpu``: XLA's CPU code itself);
 - deferred mode vs plain eager on the small GPT forward, its training step and a tiny
   Llama's training step (``deferred/eager``; 0.67 is a 1.5x gain);
 - the stage split of an eager add (``dispatch_stages.py``);
@@ -38,6 +39,8 @@ from tpu_kernels.bench import dispatch_stages
 from tpu_kernels.bench.timing import sync
 from tpu_kernels.deferred_mode import deferred
 from tpu_kernels.models import GPT, GPTConfig
+from tpu_kernels.registry.xla.norm import native_layer_norm
+from tpu_kernels.registry.xla.softmax import softmax_along
 
 FORMAT = "tpu_kernels-dispatch-bench/1"
 SLOWER = 1.10      # --compare flags a ratio this much worse than before
@@ -78,6 +81,25 @@ def _jit_add() -> Callable[[], Any]:
     a, b = torch.randn(64, 64, device="tpu").jax(), torch.randn(64, 64, device="tpu").jax()
     f = jax.jit(lambda x, y: x + y)
     return lambda: f(a, b)
+
+
+def _jit_softmax() -> Callable[[], Any]:
+    """A bare cached ``jax.jit`` of the jnp function the tpu softmax runs."""
+    a = torch.randn(1024, 1024, device="tpu").jax()
+    f = jax.jit(lambda x: softmax_along(x, 1))
+    return lambda: f(a)
+
+
+def _jit_layer_norm() -> Callable[[], Any]:
+    """A bare cached ``jax.jit`` of the jnp function the tpu layer norm runs (its three results)."""
+    x, w, b = (torch.randn(*s, device="tpu").jax() for s in ((512, 768), (768,), (768,)))
+    f = jax.jit(lambda x, w, b: native_layer_norm(x, (768,), w, b, 1e-5))
+    return lambda: f(x, w, b)
+
+
+# the same computation as a bare jit call: what the tpu path costs over JAX itself, and
+# (jit/cpu) how XLA's CPU code compares with torch's kernel
+JIT_OF = {"add 64x64": _jit_add, "softmax 1024x1024": _jit_softmax, "layer_norm 512x768": _jit_layer_norm}
 
 
 def _gpt_forward(defer: bool) -> Callable[[], Any]:
@@ -166,15 +188,16 @@ def eager_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[dict
     rows = []
     for case, make in _ops().items():
         fns = {"tpu": make("tpu"), "cpu": make("cpu")}
-        if case == "add 64x64":
-            fns["jit"] = _jit_add()
+        if case in JIT_OF:
+            fns["jit"] = JIT_OF[case]()
         n = iters if "decoder" not in case else max(iters // 10, 3)
         t = side_by_side(fns, rounds, n)
-        rows.append(_row(case, "eager tpu/cpu", "tpu", "cpu", t))
+        new = [_row(case, "eager tpu/cpu", "tpu", "cpu", t)]
         if "jit" in fns:
-            rows.append(_row(case, "eager tpu/jit", "tpu", "jit", t))
-        for r in rows[-1 - ("jit" in fns):]:
+            new += [_row(case, "eager tpu/jit", "tpu", "jit", t), _row(case, "jit/cpu", "jit", "cpu", t)]
+        for r in new:
             out(_line(r))
+        rows += new
     return rows
 
 

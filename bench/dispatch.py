@@ -4,8 +4,9 @@
                                          [--first-call]
 
 Rows (every ratio is a cost ratio: lower is better, and all come from this one run):
-- eager ops and a decoder forward, tpu vs torch CPU (``tpu/cpu``); the add also vs a bare
-  cached ``jax.jit`` call of the same add (``tpu/jit``, the dispatch floor);
+- eager ops and a decoder forward, tpu vs torch CPU (``tpu/cpu``); the add, softmax and
+  layer norm also vs a bare cached ``jax.jit`` call of the same jnp function (``tpu/jit``,
+  the dispatch floor) and that jit call vs torch CPU (``jit/cpu``: XLA's CPU code itself);
 - deferred mode vs plain eager on the small GPT forward, its training step and a tiny
   Llama's training step (``deferred/eager``; 0.67 is a 1.5x gain);
 - the stage split of an eager add (``dispatch_stages.py``);
@@ -38,6 +39,8 @@ from tpu_kernels.bench import dispatch_stages
 from tpu_kernels.bench.timing import sync
 from tpu_kernels.deferred_mode import deferred
 from tpu_kernels.models import GPT, GPTConfig
+from tpu_kernels.registry.xla.norm import native_layer_norm
+from tpu_kernels.registry.xla.softmax import softmax_along
 
 FORMAT = "tpu_kernels-dispatch-bench/1"
 SLOWER = 1.10      # --compare flags a ratio this much worse than before
@@ -78,6 +81,25 @@ def _jit_add() -> Callable[[], Any]:
     a, b = torch.randn(64, 64, device="tpu").jax(), torch.randn(64, 64, device="tpu").jax()
     f = jax.jit(lambda x, y: x + y)
     return lambda: f(a, b)
+
+
+def _jit_softmax() -> Callable[[], Any]:
+    """A bare cached ``jax.jit`` of the jnp function the tpu softmax runs."""
+    a = torch.randn(1024, 1024, device="tpu").jax()
+    f = jax.jit(lambda x: softmax_along(x, 1))
+    return lambda: f(a)
+
+
+def _jit_layer_norm() -> Callable[[], Any]:
+    """A bare cached ``jax.jit`` of the jnp function the tpu layer norm runs (its three results)."""
+    x, w, b = (torch.randn(*s, device="tpu").jax() for s in ((512, 768), (768,), (768,)))
+    f = jax.jit(lambda x, w, b: native_layer_norm(x, (768,), w, b, 1e-5))
+    return lambda: f(x, w, b)
+
+
+# the same computation as a bare jit call: what the tpu path costs over JAX itself, and
+# (jit/cpu) how XLA's CPU code compares with torch's kernel
+JIT_OF = {"add 64x64": _jit_add, "softmax 1024x1024": _jit_softmax, "layer_norm 512x768": _jit_layer_norm}
 
 
 def _gpt_forward(defer: bool) -> Callable[[], Any]:
@@ -129,7 +151,9 @@ DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_s
 
 def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
     """Seconds per call of each fn (result waited for), ``rounds * iters`` calls of each,
-    alternating call by call."""
+    alternating call by call, the order rotating each time: each side follows every other
+    side equally often (torch CPU's worker threads spin on after its call and slow whatever
+    runs next: with a fixed order, one side would always pay for that)."""
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -139,8 +163,11 @@ def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> 
             sync(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
     cpu: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds * iters):   # call by call, so a load spike hits every side alike
-        for name, fn in fns.items():
+    names = list(fns)
+    for i in range(rounds * iters):   # call by call, so a load spike hits every side alike
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            fn = fns[name]
             t0, c0 = time.perf_counter(), time.process_time()
             sync(fn())
             times[name].append(time.perf_counter() - t0)
@@ -161,15 +188,16 @@ def eager_rows(rounds: int, iters: int, out: Callable[[str], None]) -> list[dict
     rows = []
     for case, make in _ops().items():
         fns = {"tpu": make("tpu"), "cpu": make("cpu")}
-        if case == "add 64x64":
-            fns["jit"] = _jit_add()
+        if case in JIT_OF:
+            fns["jit"] = JIT_OF[case]()
         n = iters if "decoder" not in case else max(iters // 10, 3)
         t = side_by_side(fns, rounds, n)
-        rows.append(_row(case, "eager tpu/cpu", "tpu", "cpu", t))
+        new = [_row(case, "eager tpu/cpu", "tpu", "cpu", t)]
         if "jit" in fns:
-            rows.append(_row(case, "eager tpu/jit", "tpu", "jit", t))
-        for r in rows[-1 - ("jit" in fns):]:
+            new += [_row(case, "eager tpu/jit", "tpu", "jit", t), _row(case, "jit/cpu", "jit", "cpu", t)]
+        for r in new:
             out(_line(r))
+        rows += new
     return rows
 
 
@@ -188,23 +216,33 @@ def _line(r: dict) -> str:
 
 
 def first_call(out: Callable[[str], None]) -> dict[str, float]:
-    """The decoder forward's first call in a new process: cold, then warm compile cache."""
+    """The decoder forward's first call in a new process: cold, then warm compile cache;
+    each also after the process's one-time imports (``_first_call_child``). Wall seconds,
+    and process CPU seconds beside them (``*_cpu``: steadier on a loaded machine)."""
     res = {}
     with tempfile.TemporaryDirectory() as cache_dir:
         env = dict(os.environ, TPU_KERNELS_JAX_CACHE=cache_dir)
-        for label in ("cold", "warm"):
-            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", "--first-call-child"],
+        for label in ("cold", "warm", "warm, imports done"):
+            argv = ["--first-call-child"] + (["--imports-done"] if "imports" in label else [])
+            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", *argv],
                                   env=env, capture_output=True, text=True, check=True)
-            res[label] = float(proc.stdout.strip().splitlines()[-1])
-            out(f"decoder forward, first call, {label} compile cache: {res[label]:.3f} s")
+            wall, cpu = (float(x) for x in proc.stdout.strip().splitlines()[-1].split())
+            res[label], res[label + "_cpu"] = wall, cpu
+            out(f"decoder forward, first call, {label} compile cache: {wall:.3f} s (process CPU {cpu:.3f} s)")
     return res
 
 
-def _first_call_child() -> None:
+def _first_call_child(imports_done: bool) -> None:
+    """Time the decoder's first forward in this fresh process. ``imports_done``: import
+    ``torch._dynamo`` first, which torch itself imports at the first call of one of its
+    Python meta functions (``torch._disable_dynamo`` in the type-promotion wrapper), a
+    one-time process cost that whichever tpu op comes first pays."""
+    if imports_done:
+        import torch._dynamo  # noqa: F401
     fwd = _ops()["decoder (2 blocks, d256, b4 s128) forward"]("tpu")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sync(fwd())
-    sys.stdout.write(f"{time.perf_counter() - t0}\n")
+    sys.stdout.write(f"{time.perf_counter() - t0} {time.process_time() - c0}\n")
 
 
 def compare(new: dict, old: dict) -> list[str]:
@@ -240,9 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", help="a JSON file of an earlier run: flag ratios >10%% worse")
     p.add_argument("--first-call", action="store_true", help="time the decoder's first call, cold and warm")
     p.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--imports-done", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.first_call_child:
-        _first_call_child()
+        _first_call_child(args.imports_done)
         return 0
     result = run(args.quick, args.first_call)
     if args.json:

@@ -139,3 +139,27 @@ def test_fast_index_keys_static_values_number_types_and_settings():
     finally:
         torch.set_float32_matmul_precision(old)
     assert dispatch.TRACES.get(torch.ops.aten.mm.default, 0) == before + 1
+
+
+def test_views_read_inside_their_consumer():
+    """A view's read happens inside the program of the op that takes it (its storage's
+    array goes in, its geometry is part of the signature): transposed, sliced with an
+    offset, expanded, bit-cast and overlapping (a gather, read apart) views all give
+    torch's values, and a view and a whole tensor of the same shape never share a FAST
+    entry."""
+    x = torch.arange(24.0).reshape(4, 6)
+    t = x.to("tpu")
+    views = {"transposed": lambda a: a.t(), "sliced": lambda a: a[1:3, 2:5], "expanded": lambda a: a[:1].expand(3, 6),
+             "reshaped": lambda a: a.view(6, 4), "bitcast": lambda a: a.view(torch.int32),
+             "overlapping": lambda a: a.as_strided((3, 3), (1, 1), 2)}
+    for _ in range(2):   # the second round runs through the FAST index
+        for name, view in views.items():
+            got, want = torch.maximum(view(t), view(t).neg()), torch.maximum(view(x), view(x).neg())
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want), name
+        for shape_twin in (t[:, :4].contiguous(), t[:, :4], t[:, 2:]):   # same shape: whole, then views
+            torch.testing.assert_close((shape_twin * 2).cpu(), shape_twin.cpu() * 2)
+    w = torch.randn(5, 3).to("tpu")
+    before = dispatch.TRACES.get(torch.ops.aten.mm.default, 0)
+    y = t[:, :3] @ w.t()   # two views into one mm: its program reads both
+    torch.testing.assert_close(y.cpu(), x[:, :3] @ w.cpu().t())
+    assert dispatch.TRACES.get(torch.ops.aten.mm.default, 0) == before + 1

@@ -63,6 +63,26 @@ def read_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offse
     return v
 
 
+@functools.lru_cache(maxsize=4096)
+def view_reader(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...], offset: int,
+                have: np.dtype, want: np.dtype):
+    """The function ``storage array -> value`` of the view (``size``, ``stride``,
+    ``offset``, dtype ``want``) of a storage of ``shape`` and dtype ``have``, for an op's
+    program to apply to the storage itself (the read folded into the op's executable);
+    None for a view that is a gather (overlapping strides: read on its own)."""
+    numel = math.prod(shape)
+    if offset == 0 and stride == strided.contiguous_strides(size) and math.prod(size) == numel:
+        read = _reshaper(size)
+    elif strided.plan(numel, size, stride, offset).kind == "gather":
+        return None
+    else:
+        read = strided.reader(numel, size, stride, offset)
+    if want == have:
+        return read
+    cast = _bitcaster(want)
+    return lambda a: cast(read(a))
+
+
 def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offset: int,
                dtype: torch.dtype, whole: bool, new: jax.Array) -> None:
     """Write ``new`` (broadcast to ``size``) into the view of ``st``, in place; ``whole``:
@@ -134,7 +154,8 @@ def _bitcaster(dtype):
 
 
 def _clear_program_caches() -> None:
-    for f in (_reshaper, _permuter, _broadcaster, _caster, _bitcaster, strided.reader, strided.writer):
+    for f in (_reshaper, _permuter, _broadcaster, _caster, _bitcaster, strided.reader, strided.writer,
+              view_reader):
         f.cache_clear()
 
 

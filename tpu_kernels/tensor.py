@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_map
 
 from tpu_kernels import errors, printing, shadow, strided
 from tpu_kernels.lazy import Lazy, concrete, recording
-from tpu_kernels.registry.dtypes import to_torch_dtype
+from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
@@ -52,8 +52,9 @@ class TpuTensor(torch.Tensor):
             cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=DEVICES[storage.index],
             requires_grad=requires_grad, **extra)
         r._tpu_storage = storage
+        # (a view(dtype) of the whole storage is not direct: its read bit-casts)
         r._tpu_direct = (offset == 0 and size == tuple(storage.array.shape)
-                         and stride == strided.contiguous_strides(size))
+                         and stride == strided.contiguous_strides(size) and storage.array.dtype == to_jax_dtype(dtype))
         r._tpu_cache = None
         return r
 
@@ -285,6 +286,11 @@ def read(t: TpuTensor) -> jax.Array:
     v = read_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
     t._tpu_cache = (st.version, v)
     return _settle(v)
+
+
+def storage_value(t: TpuTensor) -> jax.Array:
+    """The whole array of ``t``'s storage (``read`` for the storage, not the view)."""
+    return _settle(t._tpu_storage.array)
 
 
 def value(t: TpuTensor) -> jax.Array:

@@ -78,6 +78,9 @@ SCRIPT = textwrap.dedent('''
     @check
     def mixed_devices_raise_torchs_error():
         a, b = torch.ones(3, device="tpu:0"), torch.ones(3, device="tpu:1")
+        for _ in range(2):   # same geometry on one device first: the eager hot path indexes it
+            assert (a + a).device.index == 0 and (b * b).device.index == 1
+            assert (b + b).jax().devices() == {jax_devices()[1]}
         cases = {"tpu:0 and tpu:1": lambda: a + b, "tpu:1 and tpu:0": lambda: b * a,
                  "tpu:0 and cpu": lambda: a + torch.ones(3), "tpu:1 and cpu": lambda: torch.ones(3) + b}
         cases["tpu:1 and tpu:0"] = lambda: b[None] @ a[:, None]

@@ -23,7 +23,9 @@ from tpu_kernels.registry.route import call_route
 log = logging.getLogger("tpu_kernels.dispatch")
 
 
-def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
+def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> CompiledCall:
+    """The ``CompiledCall`` of a call signature; ``reads``: per leaf, the read of a view
+    the program does itself from the storage's array (``signature.Split.reads``)."""
     op = plan.op
     margs, mkwargs = meta_args(args, kwargs)
     r = call_route(op, margs, mkwargs)
@@ -34,7 +36,7 @@ def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
         return CompiledCall(r.impl, None, plan, None, [], torch_fn=torch_fn)
     impl = r.impl
     if impl.data_dependent:
-        return CompiledCall(impl, eager_fn(impl, targs, tkw), plan, None, [])
+        return CompiledCall(impl, eager_fn(impl, targs, tkw, reads), plan, None, [])
     result_meta = meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
     outs = out_metas(result_meta)
     guard_memory(op, outs)
@@ -42,7 +44,7 @@ def build(plan: OpPlan, args, kwargs, targs, tkw) -> CompiledCall:
     func_outs = out_metas(meta_call(r.functional, args, kwargs)) if r.kind == "twin" else outs
     _check_inplace_cast(op, plan, args, kwargs)
     write_dtypes = [_mutated_dtype(plan.arg(i, args, kwargs)) for i in plan.mutated]
-    fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes)
+    fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads)
     _log(r)
     return CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
 

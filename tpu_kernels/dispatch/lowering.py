@@ -10,14 +10,15 @@ import jax
 from tpu_kernels import random_state
 from tpu_kernels.dispatch.cache import TRACES
 from tpu_kernels.dispatch.plan import OpPlan
-from tpu_kernels.dispatch.signature import fill_call
+from tpu_kernels.dispatch.signature import fill_call, view_read
 from tpu_kernels.registry import Impl
 from tpu_kernels.registry.context import Call, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
-def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes) -> Callable:
-    """The jitted function for one call signature: fills the template, lowers, casts.
+def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes, reads: tuple = ()) -> Callable:
+    """The jitted function for one call signature: reads the views it takes as their
+    storages' arrays (``reads``), fills the template, lowers, casts.
     It returns (results, check flags or None); ``.checks`` says what each flag means."""
     n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     expect = [m for m in outs] if not plan.mutated else None
@@ -28,6 +29,8 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
         if impl.random:
             *dyn, kd = dyn
             key = random_state.key_from_data(kd)
+        if any(reads):
+            dyn = view_read(reads, dyn)
         a, kw = fill_call(targs, tkw, dyn)
         call = Call(tuple(func_outs), key)
         with lowering(call):
@@ -46,10 +49,10 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
     return jitted
 
 
-def eager_fn(impl: Impl, targs, tkw) -> Callable:
+def eager_fn(impl: Impl, targs, tkw, reads: tuple = ()) -> Callable:
     """A data-dependent impl (its result shape needs values) runs unjitted."""
     def call(*dyn):
-        a, kw = fill_call(targs, tkw, dyn)
+        a, kw = fill_call(targs, tkw, view_read(reads, dyn) if any(reads) else dyn)
         return impl.fn(*a, **kw)
     return call
 

@@ -16,20 +16,22 @@ from torch._ops import OpOverload
 from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
-from tpu_kernels.dispatch.cache import CompiledCall, mode_token
+from tpu_kernels.dispatch.cache import CompiledCall, _matmul_precision, mode_token
 from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import SCALAR, SLOT, TENSOR, op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
 from tpu_kernels.tensor import TpuTensor, read, wrap_known
 
 class _OpState:
     """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
-    one registry epoch."""
-    __slots__ = ("op", "epoch", "handler", "plan", "kinds")
+    one registry epoch; ``codes``: per position, what ``fast_key`` takes there (a tensor:
+    ``_TENSOR``, a number that is a leaf: ``_LEAF``, a number that is not: 0)."""
+    __slots__ = ("op", "epoch", "handler", "plan", "kinds", "codes")
 
     def __init__(self, op: OpOverload) -> None:
         r = runtime_route(op)
@@ -37,6 +39,11 @@ class _OpState:
         self.handler = r.impl.fn if r is not None else None
         self.plan = op_plan(op)
         self.kinds = self.plan.pos_kinds
+        self.codes = tuple(_TENSOR if k == TENSOR else _LEAF if k == SCALAR else 0 for k in self.kinds)
+
+
+_TENSOR, _LEAF = 2, 1
+_VIEW = object()   # in a fast key: the view geometry of the tensor before it follows
 
 
 _OPS: dict[int, _OpState] = {}   # id(op) -> its state (OpOverload hashes in Python: slow)
@@ -53,53 +60,57 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
     if errors.pending() and not errors.on_worker_thread():
         errors.raise_pending()
-    s = _state(op)
+    s = _OPS.get(id(op))
+    if s is None or s.op is not op or s.epoch != REGISTRY.epoch:
+        s = _state(op)
     if s.handler is not None:
         return s.handler(op, args, kwargs)
-    if not kwargs and not devices.several:   # (its key does not hold the tensors' devices)
+    if not kwargs:
         hit = cache.FAST.get(fast_key(s, args))
-        calls = cache.CALLS
-        if hit is not None and hit[3] is calls:   # seen before: straight to the executable
-            compiled, pos, ckey, _ = hit
+        if hit is not None and hit[3] is cache.CALLS:   # seen before: straight to the executable
+            compiled, pos, ckey, calls, single, folded = hit
             compiled.calls += 1
             calls.hits += 1
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
-            return _run_known(op, compiled, [read(args[i]) if type(args[i]) is TpuTensor else args[i]
-                                             for i in pos], args)
+            if folded is None:
+                dyn = [read(args[i]) if type(args[i]) is TpuTensor else args[i] for i in pos]
+            else:
+                dyn = [leaf_value(args[i], f or None) for i, f in zip(pos, folded)]
+            if single is None or graph_trace.active() is not None:
+                return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
+            return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
     return run_call(op, args, kwargs)
 
 
-def _run_known(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple) -> Any:
-    """``execute`` then ``finish`` for a FAST hit, one plain result wrapped directly."""
-    single = compiled.single_out
-    if single is None or graph_trace.active() is not None:
-        return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
-    return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
-
-
 def fast_key(s: _OpState, args: tuple) -> tuple | None:
-    """The FAST key of a call of positional tpu tensors and numbers: two entries per
-    argument (a tensor's sizes and dtype; a number's type and, where ``split`` does not
-    make it a leaf, its value); None for any other call. Equal keys mean equal
-    ``lookup`` keys."""
-    key = [s, *mode_token()]
-    for a, kind in zip(args, s.kinds):
+    """The FAST key of a call of positional tpu tensors and numbers: per argument, a
+    tensor's sizes, dtype and device index, a number's type and (where ``split`` does not
+    make it a leaf) value, or None; the call is not indexed (None) for any other argument.
+    Equal keys mean equal ``lookup`` keys (the op state stands for the registry epoch)."""
+    key = [s, _matmul_precision(), INDEX_CHECKS.on]
+    for a, code in zip(args, s.codes):
         t = type(a)
-        if t is TpuTensor and kind == TENSOR:
-            key += (a.shape, a.dtype)
+        if t is TpuTensor:
+            if code != _TENSOR:
+                return None
+            key += (a.shape, a.dtype, a._tpu_storage.index)
+            if not a._tpu_direct:   # a view: its program may read it from the storage
+                key += (_VIEW, a.stride(), a.storage_offset(), a._tpu_storage.array.shape, a._tpu_storage.array.dtype)
         elif t is float or t is int or t is bool:
-            key += (t, SLOT if kind == TENSOR or kind == SCALAR else a)
+            key += (t, SLOT if code else a)
         elif a is None:
-            key += (None, None)
+            key.append(None)
         else:
             return None
     return tuple(key)
 
 
-def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple) -> None:
+def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, reads: list) -> None:
     """Index ``compiled`` in FAST under this call's fast key, when the hot path can run it:
-    a jitted impl that reads no scalar's value and draws no random key."""
+    a jitted impl that reads no scalar's value and draws no random key. The leaves are
+    the arguments at ``pos`` in order; ``folded`` says which are views whose program reads
+    them from their storage's array (None when none is)."""
     impl = compiled.impl
     if impl.static or impl.random or impl.data_dependent:
         return
@@ -107,7 +118,8 @@ def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple) 
     key = fast_key(s, args)
     if key is not None:
         pos = tuple(i for i, (a, k) in enumerate(zip(args, s.kinds)) if a is not None and k in (TENSOR, SCALAR))
-        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS)
+        folded = tuple(r is not None for r in reads) if any(r is not None for r in reads) else None
+        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, compiled.single_out, folded)
 
 
 def _translated(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:
@@ -132,7 +144,7 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
     if not kwargs:
-        _remember(op, compiled, args, ckey)
+        _remember(op, compiled, args, ckey, sp.reads)
     return finish(compiled, args, kwargs, execute(op, compiled, leaves(compiled, sp, kwargs), args, kwargs))
 
 
@@ -145,17 +157,17 @@ def lookup(op: OpOverload, args: tuple, kwargs: dict) -> tuple[CompiledCall, Spl
     calls = cache.CALLS
     compiled = calls.get(key)
     if compiled is None:
-        compiled = calls.put(key, build(plan, args, kwargs, targs, tkw))
+        compiled = calls.put(key, build(plan, args, kwargs, targs, tkw, tuple(sp.reads)))
     if compiled.impl.static:  # this impl needs some scalars' values: key on them too
         sp, targs, tkw = split(plan, args, kwargs, compiled.impl.static)
         key = (key, targs, tkw)
-        compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw))
+        compiled = calls.get(key) or calls.put(key, build(plan, args, kwargs, targs, tkw, tuple(sp.reads)))
     return compiled, sp, key
 
 
 def leaves(compiled: CompiledCall, sp: Split, kwargs: dict) -> list:
     """The values the executable takes: each input read, and a PRNG key for a random impl."""
-    dyn = [leaf_value(v) for v in sp.leaves]
+    dyn = [leaf_value(v, r) for v, r in zip(sp.leaves, sp.reads)]
     if compiled.impl.random:
         trace = graph_trace.active()
         dyn.append(trace.next_key_data() if trace is not None else random_state.reserve(1, kwargs.get("generator")))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from tpu_kernels.dispatch.devices import cpu_arg_allowed, device_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, OpPlan
-from tpu_kernels.storage import to_jax
-from tpu_kernels.tensor import TpuTensor, read
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.storage import to_jax, view_reader
+from tpu_kernels.tensor import TpuTensor, read, storage_value
 
 
 def freeze(v: Any) -> Any:
@@ -28,22 +30,35 @@ class _Foreign(Exception):
 
 
 class Split:
-    """A call split into a hashable template and its dynamic leaves."""
-    __slots__ = ("leaves", "sig", "op", "static_scalars")
+    """A call split into a hashable template and its dynamic leaves. ``reads``: per leaf,
+    for a view whose read the op's program does itself, ``storage array -> view value``
+    (``view_read``); else None."""
+    __slots__ = ("leaves", "sig", "op", "static_scalars", "reads")
 
     def __init__(self, op, static_scalars):
         self.leaves: list[Any] = []
         self.sig: list[Any] = []
+        self.reads: list[Any] = []
         self.op = op
         self.static_scalars = static_scalars
+
+    def tensor(self, v: TpuTensor) -> None:
+        self.leaves.append(v)
+        if v._tpu_direct:
+            self.sig.append((v.shape, v.dtype))
+            self.reads.append(None)
+            return
+        geometry = view_geometry(v)
+        r = view_reader(*geometry)
+        self.sig.append((v.shape, v.dtype, geometry) if r is not None else (v.shape, v.dtype))
+        self.reads.append(r)
 
     def conv(self, kind: str, name: str, v: Any) -> Any:
         if kind == TENSOR:
             if v is None:
                 return None
             if isinstance(v, TpuTensor):
-                self.leaves.append(v)
-                self.sig.append((v.shape, v.dtype))
+                self.tensor(v)
                 return SLOT
             if isinstance(v, torch.Tensor):
                 # a CPU tensor where torch lets a CUDA op take one (devices.py: the rule)
@@ -51,10 +66,12 @@ class Split:
                     raise _Foreign(v)
                 self.leaves.append(v)
                 self.sig.append(("cpu", v.shape, v.dtype))
+                self.reads.append(None)
                 return SLOT
             if type(v) in (int, float, bool):  # a wrapped number in a Tensor slot (x / 2.0)
                 self.leaves.append(v)
                 self.sig.append(type(v))
+                self.reads.append(None)
                 return SLOT
             return freeze(v)
         if kind == TENSOR_LIST:
@@ -64,6 +81,7 @@ class Split:
         if kind == SCALAR and type(v) in (int, float, bool) and name not in self.static_scalars:
             self.leaves.append(v)
             self.sig.append(type(v))
+            self.reads.append(None)
             return SLOT
         return freeze(v)
 
@@ -74,9 +92,8 @@ def split(plan: OpPlan, args: tuple, kwargs: dict, static_scalars: tuple[str, ..
     targs = []
     try:
         for i, a in enumerate(args):
-            if type(a) is TpuTensor and kinds[i] == TENSOR:   # the common case, inlined
-                s.leaves.append(a)
-                s.sig.append((a.shape, a.dtype))
+            if type(a) is TpuTensor and kinds[i] == TENSOR:   # the common case
+                s.tensor(a)
                 targs.append(SLOT)
             else:
                 targs.append(s.conv(kinds[i], names[i], a))
@@ -101,9 +118,23 @@ def fill_call(targs: tuple, tkw: tuple, leaves) -> tuple[tuple, dict]:
     return fill(targs, it), dict((k, fill(v, it)) for k, v in tkw)
 
 
-def leaf_value(v: Any) -> Any:
+def view_geometry(v: TpuTensor) -> tuple:
+    """What ``storage.view_reader`` needs to read the view ``v`` from its storage's array."""
+    a = v._tpu_storage.array
+    return (tuple(a.shape), tuple(v.shape), v.stride(), v.storage_offset(), np.dtype(a.dtype),
+            np.dtype(to_jax_dtype(v.dtype)))
+
+
+def view_read(reads: tuple, leaves: list) -> list:
+    """``leaves`` with each folded view's read applied (inside the op's program)."""
+    return [v if r is None else r(v) for r, v in zip(reads, leaves)]
+
+
+def leaf_value(v: Any, folded: Any = None) -> Any:
+    """The value the op's program takes for leaf ``v``: a tensor's value, or for a view
+    whose read the program does (``folded``), its storage's array."""
     if isinstance(v, TpuTensor):
-        return read(v)
+        return read(v) if folded is None else storage_value(v)
     if isinstance(v, torch.Tensor):
         return to_jax(v)
     return v

@@ -306,12 +306,14 @@ def _bwd_chunk(offsets, hidden, w_chunk, target, coef, tgt: tpu_info.Target):
 
 def _backward(hidden, weight, target, coef, chunk: int, tgt: tpu_info.Target):
     """(dH, dW) by vocab chunks. The chunks are a Python loop (a few of them: see
-    ``default_chunk``) so the compiler's figures and the cost model see every one."""
+    ``default_chunk``) so the compiler's figures and the cost model see every one; an
+    optimization barrier orders them so that XLA does not hold several G chunks at once."""
     vocab, f32 = weight.shape[0], jnp.float32
     dh, dws = jnp.zeros(hidden.shape, f32), []
     for c0 in range(0, vocab, chunk):
         start = min(c0, vocab - chunk)          # last chunk shifted back to end at V
-        w_c = lax.slice_in_dim(weight, start, start + chunk)
+        # chunk c starts after chunk c-1's dH term: one G chunk alive at a time
+        dh, w_c = lax.optimization_barrier((dh, lax.slice_in_dim(weight, start, start + chunk)))
         offsets = jnp.asarray([start, c0], jnp.int32)    # SMEM scalars are 32-bit
         g, dw_c = _bwd_chunk(offsets, hidden, w_c, target, coef, tgt)
         dh = dh + jnp.dot(g, w_c, preferred_element_type=f32)

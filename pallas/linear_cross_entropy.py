@@ -9,9 +9,9 @@ Forward, one Pallas kernel, grid (row blocks "parallel", vocab blocks, hidden bl
   and is read once; W is read once per row block. A step then does 2 bn bv h flops for
   bv h bytes of W: intensity ~bn flop/byte (bf16), and bn is picked per chip to clear the
   chip's ridge point (peak flops / HBM bandwidth).
-Backward, over vocab chunks [c0, c0 + chunk) (the last chunk is shifted back to end at V and
-its already-done columns masked), one Pallas kernel per chunk, grid (vocab blocks
-"parallel", row blocks "arbitrary"):
+Backward, over vocab chunks [c0, c0 + chunk) (multiples of the vocab block; the last one
+shorter), one Pallas kernel per chunk, grid (vocab blocks "parallel", row blocks
+"arbitrary"):
     G = g [(1 - eps)(softmax - onehot_t) + eps / V (V softmax - 1)]   (logits recomputed
         in VMEM; written once, in the input dtype, for dH)
     dW[c0 + j] = sum_i G_ij^T H_i     (f32 VMEM accumulator, W[j] resident: ~2 bv flop/byte)
@@ -237,17 +237,18 @@ def _row_stats(hidden, weight, target, tgt: tpu_info.Target):
 
 # ---------------------------------------------------------------------------- backward
 
-def _bwd_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, g_ref, dw_ref, acc, *, n: int,
-                chunk: int, block_n: int, block_v: int):
+def _bwd_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, *refs, n: int, size: int,
+                block_n: int, block_v: int, aliased: bool):
+    g_ref, dw_ref, acc = refs[1:] if aliased else refs     # refs[0]: dW so far (aliased)
     # Grid indices are read here, not inside pl.when bodies (interpret mode cannot).
     j, i, last_i = pl.program_id(0), pl.program_id(1), pl.num_programs(1) - 1
     x = _logits(h_ref, w_ref)
     local = j * block_v + lax.broadcasted_iota(jnp.int32, x.shape, 1)
     rows = i * block_n + lax.broadcasted_iota(jnp.int32, (x.shape[0], 1), 0)
-    # past the chunk (ragged block) / done by the previous chunk / past n (ragged block)
-    keep = (local < chunk) & (off_ref[0] + local >= off_ref[1]) & (rows < n)
+    keep = (local < size) & (rows < n)        # ragged vocab / row blocks
     lse, a, b, c = (coef_ref[:, q:q + 1] for q in range(4))
-    gx = c * jnp.exp(x - lse) - jnp.where(off_ref[0] + local == t_ref[...], a, 0.0) - b
+    col = off_ref[0] * block_v + local
+    gx = c * jnp.exp(x - lse) - jnp.where(col == t_ref[...], a, 0.0) - b
     g = jnp.where(keep, gx, 0.0).astype(g_ref.dtype)
     g_ref[...] = g
     hid = h_ref[...]
@@ -268,57 +269,68 @@ def _bwd_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, g_ref, dw_ref, acc, *, n
         dw_ref[...] = acc[...].astype(dw_ref.dtype)
 
 
-def _bwd_cost(n: int, h: int, chunk: int, blocks, dtype):
+def _bwd_cost(n: int, h: int, size: int, blocks, dtype):
     """Logits recomputed and G^T H over the padded grid, an exp per logit; HBM: W[chunk]
     once (resident across rows), H once per vocab block, G and dW[chunk] written once."""
     bn, bv = blocks
     isz = jnp.dtype(dtype).itemsize
-    rn, rv = pl.cdiv(n, bn), pl.cdiv(chunk, bv)
-    traffic = (2 * chunk * h + rv * n * h + n * chunk) * isz
-    return cost(4 * rn * bn * rv * bv * h + 6 * n * chunk, traffic, n * chunk)
+    rn, rv = pl.cdiv(n, bn), pl.cdiv(size, bv)
+    traffic = (2 * size * h + rv * n * h + n * size) * isz
+    return cost(4 * rn * bn * rv * bv * h + 6 * n * size, traffic, n * size)
 
 
-def _bwd_chunk(offsets, hidden, w_chunk, target, coef, tgt: tpu_info.Target):
-    """(G [n, chunk] in the input dtype, dW[chunk] in the weight dtype) for the weight rows
-    w_chunk = weight[offsets[0]:+chunk]; columns before offsets[1] are zero in both."""
-    (n, h), chunk = hidden.shape, w_chunk.shape[0]
-    bn, bv = blocks = bwd_block_sizes(n, h, chunk, hidden.dtype, tgt.chip)
+def _bwd_chunk(c0: int, size: int, blocks, hidden, weight, target, coef, dw,
+               tgt: tpu_info.Target):
+    """(G [n, size] in the input dtype, dW with rows [c0, c0 + size) written) for vocab
+    columns [c0, c0 + size); ``dw``: dW so far (updated in place), None for the first chunk
+    (its other rows are left for the later chunks). ``c0`` is a multiple of the vocab block."""
+    (n, h), vocab = hidden.shape, weight.shape[0]
+    bn, bv = blocks
+    aliased = dw is not None
+    row_w = pl.BlockSpec((bv, h), lambda j, i, o: (o[0] + j, 0))
     return pallas_call(
-        functools.partial(_bwd_kernel, n=n, chunk=chunk, block_n=bn, block_v=bv),
+        functools.partial(_bwd_kernel, n=n, size=size, block_n=bn, block_v=bv, aliased=aliased),
         target=tgt,
         name="linear_cross_entropy_bwd",
-        cost_estimate=_bwd_cost(n, h, chunk, blocks, hidden.dtype),
+        cost_estimate=_bwd_cost(n, h, size, blocks, hidden.dtype),
         vmem_bytes=bwd_vmem_bytes(bn, bv, h, hidden.dtype),
         dimension_semantics=("parallel", "arbitrary"),
-        out_shape=[jax.ShapeDtypeStruct((n, chunk), hidden.dtype),
-                   jax.ShapeDtypeStruct((chunk, h), w_chunk.dtype)],
+        out_shape=[jax.ShapeDtypeStruct((n, size), hidden.dtype),
+                   jax.ShapeDtypeStruct((vocab, h), weight.dtype)],
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(pl.cdiv(chunk, bv), pl.cdiv(n, bn)),
-            in_specs=[pl.BlockSpec((bn, h), lambda j, i, o: (i, 0)),
-                      pl.BlockSpec((bv, h), lambda j, i, o: (j, 0)),
+            num_scalar_prefetch=1, grid=(pl.cdiv(size, bv), pl.cdiv(n, bn)),
+            in_specs=[pl.BlockSpec((bn, h), lambda j, i, o: (i, 0)), row_w,
                       pl.BlockSpec((bn, 1), lambda j, i, o: (i, 0)),
-                      pl.BlockSpec((bn, 4), lambda j, i, o: (i, 0))],
-            out_specs=[pl.BlockSpec((bn, bv), lambda j, i, o: (i, j)),
-                       pl.BlockSpec((bv, h), lambda j, i, o: (j, 0))],
+                      pl.BlockSpec((bn, 4), lambda j, i, o: (i, 0))]
+                     + ([pl.BlockSpec(memory_space=pl.ANY)] if aliased else []),
+            out_specs=[pl.BlockSpec((bn, bv), lambda j, i, o: (i, j)), row_w],
             scratch_shapes=[pltpu.VMEM((bv, h), jnp.float32)]),
-    )(offsets, hidden, w_chunk, target[:, None], coef)
+        input_output_aliases={5: 1} if aliased else {},
+    )(jnp.asarray([c0 // bv], jnp.int32), hidden, weight, target[:, None], coef,
+      *([dw] if aliased else []))
 
 
 def _backward(hidden, weight, target, coef, chunk: int, tgt: tpu_info.Target):
     """(dH, dW) by vocab chunks. The chunks are a Python loop (a few of them: see
-    ``default_chunk``) so the compiler's figures and the cost model see every one; an
-    optimization barrier orders them so that XLA does not hold several G chunks at once."""
-    vocab, f32 = weight.shape[0], jnp.float32
-    dh, dws = jnp.zeros(hidden.shape, f32), []
+    ``default_chunk``) so the compiler's figures and the cost model see every one. Each
+    chunk's kernel writes its rows of dW in place (aliased) and reads W where it lies, so
+    neither W nor dW is copied; an optimization barrier starts chunk c after chunk c-1's
+    dH term, so XLA holds one G chunk at a time."""
+    (n, h), vocab, f32 = hidden.shape, weight.shape[0], jnp.float32
+    blocks = bwd_block_sizes(n, h, chunk, hidden.dtype, tgt.chip)
+    if chunk < vocab:               # chunk starts must fall on vocab blocks
+        chunk = max(blocks[1], chunk // blocks[1] * blocks[1])
+    dh, dw = jnp.zeros(hidden.shape, f32), None
     for c0 in range(0, vocab, chunk):
-        start = min(c0, vocab - chunk)          # last chunk shifted back to end at V
-        # chunk c starts after chunk c-1's dH term: one G chunk alive at a time
-        dh, w_c = lax.optimization_barrier((dh, lax.slice_in_dim(weight, start, start + chunk)))
-        offsets = jnp.asarray([start, c0], jnp.int32)    # SMEM scalars are 32-bit
-        g, dw_c = _bwd_chunk(offsets, hidden, w_c, target, coef, tgt)
+        size = min(chunk, vocab - c0)
+        if dw is not None:
+            dh, dw = lax.optimization_barrier((dh, dw))
+        g, dw = _bwd_chunk(c0, size, blocks, hidden, weight, target, coef, dw, tgt)
+        w_c = lax.slice_in_dim(weight, c0, c0 + size)
         dh = dh + jnp.dot(g, w_c, preferred_element_type=f32)
-        dws.append(dw_c[c0 - start:])           # rows [start, c0) belong to the previous chunk
-    return dh.astype(hidden.dtype), jnp.concatenate(dws) if len(dws) > 1 else dws[0]
+    return dh.astype(hidden.dtype), dw
+
+
 # ----------------------------------------------------------------------------- wrapper
 
 def _row_loss(stats, target, vocab: int, ignore_index: int, eps: float):

@@ -7,8 +7,10 @@ already-incremented state step, as torch's optimizer passes it):
     m = m + (1 - b1)(g - m);  v = b2 v + (1 - b2) g^2;  vmax = max(vmax, v) if amsgrad
     p = p - lr / (1 - b1^step) * m / (sqrt(v or vmax) / sqrt(1 - b2^step) + eps)
     everything unchanged when found_inf != 0
-Each tensor is viewed as [rows, 128] lanes (padded to a multiple of 128 elements only when
-needed; a ragged last row block is masked by Pallas) and walked in (block_rows, 128) blocks.
+Each tensor is viewed as [rows, its last dim] when that dim is a multiple of 128 (a free
+view: TPU keeps the tiled HBM layout), else as [rows, 128] lanes (a relayout, padded to a
+multiple of 128 elements only when needed); a ragged last row block is masked by Pallas,
+and the tensor is walked in (block_rows, width) blocks.
 All shared scalars (lr, betas, 1/grad_scale, found_inf) travel in one f32 SMEM vector
 (scalar prefetch): a new lr or step reuses the compiled kernel.
 
@@ -40,23 +42,26 @@ LANES = 128
 _ROW_BLOCKS = (1024, 512, 256, 128, 64, 32, 16)
 # Tensors up to this many 128-lane rows are packed into one call (see the module doc).
 PACK_ROWS = 64
+# A tensor whose last dim is a multiple of 128 up to this is stepped in its own shape.
+MAX_WIDTH = 4096
 # Slots of the scalar vector.
 _LR, _B1, _B2, _WD, _EPS, _STEP_SIZE, _BC2_SQRT, _INV_SCALE, _SKIP = range(9)
 
 
-def vmem_bytes(block_rows: int, dtype, amsgrad: bool) -> int:
+def vmem_bytes(block_rows: int, dtype, amsgrad: bool, width: int = LANES) -> int:
     """Double-buffered blocks (4-5 in, 3-4 out) plus ~6 f32 block temporaries."""
     states = 4 if amsgrad else 3
-    io = 2 * (1 + states + states) * tpu_info.block_bytes((block_rows, LANES), dtype)
-    return io + 6 * tpu_info.block_bytes((block_rows, LANES), jnp.float32)
+    io = 2 * (1 + states + states) * tpu_info.block_bytes((block_rows, width), dtype)
+    return io + 6 * tpu_info.block_bytes((block_rows, width), jnp.float32)
 
 
-def block_rows(rows: int, dtype, amsgrad: bool, chip: tpu_info.Chip) -> int:
+def block_rows(rows: int, dtype, amsgrad: bool, chip: tpu_info.Chip,
+               width: int = LANES) -> int:
     """Largest row block (a sublane multiple) that fits the chip's VMEM budget, capped by
     the tensor's own (rounded-up) row count."""
     cap = round_up(rows, tpu_info.sublane(dtype))
     for br in _ROW_BLOCKS:
-        if br <= cap and vmem_bytes(br, dtype, amsgrad) <= tpu_info.vmem_budget(chip):
+        if br <= cap and vmem_bytes(br, dtype, amsgrad, width) <= tpu_info.vmem_budget(chip):
             return br
     return min(cap, _ROW_BLOCKS[-1])
 
@@ -112,8 +117,17 @@ def _kernel(s_ref, *refs, amsgrad: bool, maximize: bool, adamw: bool, per_row: b
         out[...] = jnp.where(skip, old[...], val.astype(out.dtype))
 
 
+def _view(t: jax.Array) -> jax.Array:
+    """``t`` as [rows, width]: its own last dim when that is a multiple of 128 (collapsing
+    leading dims keeps TPU's tiled HBM layout: no copy), else ``_lanes``."""
+    if t.ndim >= 2 and t.shape[-1] % LANES == 0 and t.shape[-1] <= MAX_WIDTH:
+        return t.reshape(-1, t.shape[-1])
+    return _lanes(t)
+
+
 def _lanes(t: jax.Array) -> jax.Array:
-    """``t`` as [rows, 128]: a free reshape, or a pad to a multiple of 128 elements."""
+    """``t`` as [rows, 128]: a reshape (a relayout on TPU unless the last dim is 128), or a
+    pad to a multiple of 128 elements."""
     padded = round_up(t.size, LANES)
     flat = t.reshape(-1)
     return (jnp.pad(flat, (0, padded - t.size)) if padded != t.size else flat).reshape(-1, LANES)
@@ -127,10 +141,10 @@ def _unlanes(view: jax.Array, like: jax.Array) -> jax.Array:
 def _call(scalars, views, coef, *, amsgrad, maximize, adamw, target):
     """One pallas_call over [rows, 128] views (p, g, m, v[, vmax]); ``coef``: the per-row
     bias-correction table of a packed slab, or None. Returns the updated views."""
-    rows = views[0].shape[0]
+    rows, width = views[0].shape
     widest = max((t.dtype for t in views), key=lambda d: tpu_info.sublane(d))
-    br = block_rows(rows, widest, amsgrad, target.chip)
-    spec = pl.BlockSpec((br, LANES), lambda i, s: (i, 0))
+    br = block_rows(rows, widest, amsgrad, target.chip, width)
+    spec = pl.BlockSpec((br, width), lambda i, s: (i, 0))
     state_ix = [0, 2, 3] + ([4] if amsgrad else [])     # p, m, v (, vmax) are updated
     extra = [] if coef is None else [coef]
     moved = sum(v.nbytes for v in views + extra) + sum(views[k].nbytes for k in state_ix)
@@ -140,8 +154,8 @@ def _call(scalars, views, coef, *, amsgrad, maximize, adamw, target):
                           per_row=coef is not None),
         target=target,
         name="fused_adamw" if adamw else "fused_adam",
-        cost_estimate=cost(20 * rows * LANES, moved, 2 * rows * LANES),   # sqrt, divide
-        vmem_bytes=vmem_bytes(br, widest, amsgrad),
+        cost_estimate=cost(20 * rows * width, moved, 2 * rows * width),   # sqrt, divide
+        vmem_bytes=vmem_bytes(br, widest, amsgrad, width),
         dimension_semantics=("parallel",),
         out_shape=[jax.ShapeDtypeStruct(views[k].shape, views[k].dtype) for k in state_ix],
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -153,7 +167,7 @@ def _call(scalars, views, coef, *, amsgrad, maximize, adamw, target):
 
 def _step_one(scalars, tensors, **kw):
     """One pallas_call over one parameter and its states; returns the updated states."""
-    outs = _call(scalars, [_lanes(t) for t in tensors], None, **kw)
+    outs = _call(scalars, [_view(t) for t in tensors], None, **kw)
     return [_unlanes(o, tensors[0]) for o in outs]
 
 

@@ -98,7 +98,7 @@ def test_small_tensors_share_one_call():
     results match per-tensor reference steps (own step per tensor)."""
     f32, bf16 = jnp.float32, jnp.bfloat16
     specs = [((50, 40), f32), ((9,), f32), ((40, 40), f32), ((40,), f32), ((3, 5, 7), f32),
-             ((1,), f32), ((100, 130), f32), ((13,), bf16), ((40, 3), bf16)]
+             ((1,), f32), ((100, 130), f32), ((2, 20, 384), f32), ((13,), bf16), ((40, 3), bf16)]
     big = sum(1 for s, _ in specs if -(-int(np.prod(s)) // fa.LANES) > fa.PACK_ROWS)
     rng = np.random.default_rng(0)
     ts = [[jnp.asarray(rng.standard_normal(s), f32).astype(d) for s, d in specs]
@@ -151,6 +151,8 @@ def test_blocks_fit_vmem(gen, numel, dtype, amsgrad):
     br = fa.block_rows(-(-numel // fa.LANES), dtype, amsgrad, chip)
     assert br % tpu_info.sublane(dtype) == 0
     assert fa.vmem_bytes(br, dtype, amsgrad) <= tpu_info.vmem_budget(chip)
+    br = fa.block_rows(-(-numel // fa.MAX_WIDTH), dtype, amsgrad, chip, fa.MAX_WIDTH)
+    assert fa.vmem_bytes(br, dtype, amsgrad, fa.MAX_WIDTH) <= tpu_info.vmem_budget(chip)
 
 
 def test_supports():

@@ -18,8 +18,8 @@ shorter), one Pallas kernel per chunk, grid (vocab blocks "parallel", row blocks
     dH += G W[c0:c0+chunk]           (one XLA dot per chunk, f32 carry)
   Why dH goes through HBM and not a second in-kernel pass: accumulating dH in VMEM as well
   needs the logits recomputed once more (2 n V h flops), which costs more than writing G
-  once and reading it once (2 x 2 n V bytes in bf16) whenever 2 h > ridge x 4 / 2 -- any
-  real hidden size.
+  once and reading it once (4 n V bytes in bf16) whenever h > 2 x ridge (flop/byte): 480 on
+  v5e, 1120 on v6e, 626 on v7x -- below any LLM hidden size.
 """
 from __future__ import annotations
 

@@ -323,9 +323,9 @@ def _backward(hidden, weight, target, coef, chunk: int, tgt: tpu_info.Target):
     dh, dw = jnp.zeros(hidden.shape, f32), None
     for c0 in range(0, vocab, chunk):
         size = min(chunk, vocab - c0)
-        if dw is not None:
-            dh, dw = lax.optimization_barrier((dh, dw))
-        g, dw = _bwd_chunk(c0, size, blocks, hidden, weight, target, coef, dw, tgt)
+        # chunk c's kernel reads coef_c, available only once chunk c-1's dH term is
+        dh, coef_c = lax.optimization_barrier((dh, coef)) if dw is not None else (dh, coef)
+        g, dw = _bwd_chunk(c0, size, blocks, hidden, weight, target, coef_c, dw, tgt)
         w_c = lax.slice_in_dim(weight, c0, c0 + size)
         dh = dh + jnp.dot(g, w_c, preferred_element_type=f32)
     return dh.astype(hidden.dtype), dw

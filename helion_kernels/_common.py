@@ -260,15 +260,22 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def reduce_tiles(rows: int, cols: int, max_rows: int = 256) -> tuple[int, int, int, int]:
-    """Tiles for kernels with an inner loop over rows (column reductions):
-    -> (row_tile, col_tile, padded_rows, padded_cols). Pallas interpret mode cannot run
-    an inner tile loop over a partial edge tile (dynamic slice sizes), so callers
-    zero-pad to whole tiles; aligned shapes need no padding."""
-    bm = min(max_rows, next_pow2(max(rows, 8)))
+def partial_tiles(rows: int, cols: int, itemsize: int) -> tuple[int, int, int, int]:
+    """Tiles for the two-stage column reductions (norm weight/bias grads): each grid step
+    reduces one (row_tile, col_tile) block to a partial row, a second pass sums the
+    partials. -> (row_tile, col_tile, padded_rows, padded_cols). Blocks of ~2 MiB (bf16)
+    keep the per-step cost small and VMEM ~10 MiB whatever the row count; the input is
+    zero-padded to whole tiles (zero rows add nothing; aligned shapes need no padding)."""
+    bm = min(1024 // max(itemsize, 2), round_up(max(rows, 1), 16))
     cp = round_up(cols, 128)
-    bn = 512 if cp % 512 == 0 else 256 if cp % 256 == 0 else 128
+    bn = next(b for b in (2048, 1024, 512, 256, 128) if cp % b == 0)
     return bm, bn, round_up(rows, bm), cp
+
+
+def row_groups(x, row_tile: int, rows: int, cols: int):
+    """``x`` [r, c] zero-padded to [rows, cols] and viewed as [rows // row_tile, row_tile,
+    cols]: a kernel tiling the leading dim by 1 sees one row tile per grid step."""
+    return pad2(x, rows, cols).reshape(rows // row_tile, row_tile, cols)
 
 
 def pad2(x, rows: int, cols: int, value=0):

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason, pad2
-from ._common import reduce_tiles, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason
+from ._common import partial_tiles, row_block, row_groups
 
 MAX_HIDDEN = 65536
 
@@ -64,19 +64,15 @@ def _ln_bwd_dx_kernel(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, mean: 
 
 
 def _ln_bwd_dwdb_kernel(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor):
-    m, n = x.size()
-    dw = torch.empty([n], dtype=torch.float32, device=x.device)
-    db = torch.empty([n], dtype=torch.float32, device=x.device)
-    for tn in hl.tile(n):
-        acc_w = hl.zeros([tn], dtype=torch.float32)
-        acc_b = hl.zeros([tn], dtype=torch.float32)
-        for tm in hl.tile(m):
-            g = dy[tm, tn].to(torch.float32)
-            xhat = (x[tm, tn].to(torch.float32) - mean[tm, :]) * rstd[tm, :]
-            acc_w = acc_w + torch.sum(g * xhat, dim=0)
-            acc_b = acc_b + torch.sum(g, dim=0)
-        dw[tn] = acc_w
-        db[tn] = acc_b
+    # dy, x: [groups, rows, n]; mean, rstd: [groups, rows, 1]. One partial row per row group.
+    g, m, n = x.size()
+    dw = torch.empty([g, 1, n], dtype=torch.float32, device=x.device)
+    db = torch.empty([g, 1, n], dtype=torch.float32, device=x.device)
+    for tg, tn in hl.tile([g, n], block_size=[1, None]):
+        gy = dy[tg, :, tn].to(torch.float32)
+        xhat = (x[tg, :, tn].to(torch.float32) - mean[tg, :, :]) * rstd[tg, :, :]
+        dw[tg, :, tn] = torch.sum(gy * xhat, dim=1, keepdim=True)
+        db[tg, :, tn] = torch.sum(gy, dim=1, keepdim=True)
     return dw, db
 
 
@@ -124,11 +120,12 @@ def layer_norm_bwd(dy, x, mean, rstd, weight=None, bias=None, normalized_ndim=No
                 estimate=cost(10 * x2.size, 3 * nbytes(x2)))
     dw = db = None
     if weight is not None or bias is not None:
-        bm, bn, rp, cp = reduce_tiles(rows, n)
-        cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
-        dw_, db_ = launch(_ln_bwd_dwdb_kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp),
-                          pad2(mu2, rp, 1), pad2(rs2, rp, 1),
-                          estimate=cost(5 * rp * cp, 2 * nbytes(x2)))
+        # two stages: per (row tile, column tile) partial rows, then their sum
+        bm, bn, rp, cp = partial_tiles(rows, n, x2.dtype.itemsize)
+        groups = [row_groups(a, bm, rp, c) for a, c in ((dy2, cp), (x2, cp), (mu2, 1), (rs2, 1))]
+        parts = launch(_ln_bwd_dwdb_kernel, {"block_sizes": [bn]}, *groups,
+                       estimate=cost(5 * rp * cp, 2 * nbytes(x2) + 8 * (rp // bm) * cp))
+        dw_, db_ = (p.sum(axis=(0, 1)) for p in parts)
         if weight is not None:
             dw = dw_[:n].reshape(weight.shape).astype(compute_dtype(jnp.asarray(weight)).dtype)
         if bias is not None:

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import torch
 import helion.language as hl
 
-from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason, pad2
-from ._common import reduce_tiles, row_block
+from ._common import compute_dtype, cost, dtype_reason, launch, nbytes, norm_reason
+from ._common import partial_tiles, row_block, row_groups
 
 MAX_HIDDEN = 65536
 
@@ -54,15 +54,13 @@ def _rms_bwd_dx_kernel(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd:
 
 
 def _rms_bwd_dw_kernel(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor):
-    m, n = x.size()
-    dw = torch.empty([n], dtype=torch.float32, device=x.device)
-    for tn in hl.tile(n):
-        acc = hl.zeros([tn], dtype=torch.float32)
-        for tm in hl.tile(m):
-            prod = dy[tm, tn].to(torch.float32) * x[tm, tn].to(torch.float32) * rstd[tm, :]
-            acc = acc + torch.sum(prod, dim=0)
-        dw[tn] = acc
-    return dw
+    # dy, x: [groups, rows, n]; rstd: [groups, rows, 1]. One partial row per row group.
+    g, m, n = x.size()
+    part = torch.empty([g, 1, n], dtype=torch.float32, device=x.device)
+    for tg, tn in hl.tile([g, n], block_size=[1, None]):
+        prod = dy[tg, :, tn].to(torch.float32) * x[tg, :, tn].to(torch.float32) * rstd[tg, :, :]
+        part[tg, :, tn] = torch.sum(prod, dim=1, keepdim=True)
+    return part
 
 
 # ------------------------------------------------------------------ configs
@@ -72,13 +70,14 @@ def _row_cfg(rows: int, n: int) -> dict:
 
 
 def _column_sum(kernel, dy2, x2, r2):
-    """Launch a column-reduction kernel on whole tiles (zero padding is neutral)."""
+    """Two-stage column reduction: a pipelined grid of (row tile, column tile) blocks, each
+    reduced to a partial row, then the partials summed (a [rows / row_tile, n] f32 array)."""
     rows, n = x2.shape
-    bm, bn, rp, cp = reduce_tiles(rows, n)
-    cfg = {"block_sizes": [bn, bm], "pallas_loop_type": "fori_loop"}
-    out = launch(kernel, cfg, pad2(dy2, rp, cp), pad2(x2, rp, cp), pad2(r2, rp, 1),
-                 estimate=cost(3 * rp * cp, 2 * nbytes(x2)))
-    return out[:n]
+    bm, bn, rp, cp = partial_tiles(rows, n, x2.dtype.itemsize)
+    part = launch(kernel, {"block_sizes": [bn]}, row_groups(dy2, bm, rp, cp),
+                  row_groups(x2, bm, rp, cp), row_groups(r2, bm, rp, 1),
+                  estimate=cost(3 * rp * cp, 2 * nbytes(x2) + 4 * (rp // bm) * cp))
+    return part.sum(axis=(0, 1))[:n]
 
 
 # ------------------------------------------------------------------ checks

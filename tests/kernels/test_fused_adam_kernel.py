@@ -88,6 +88,40 @@ def test_grad_scale_found_inf_per_param_steps(found):
             np.testing.assert_array_equal(np.asarray(p[k]), np.asarray(before[0][k]))
 
 
+def _pallas_calls(jaxpr) -> int:
+    return sum(1 for e in jaxpr.eqns if e.primitive.name == "pallas_call")
+
+
+def test_small_tensors_share_one_call():
+    """A model-like list (embedding, matrices, many biases/norm weights of odd sizes, bf16
+    and f32): one pallas_call per large tensor, one per dtype for all the small ones, and the
+    results match per-tensor reference steps (own step per tensor)."""
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    specs = [((50, 40), f32), ((9,), f32), ((40, 40), f32), ((40,), f32), ((3, 5, 7), f32),
+             ((1,), f32), ((100, 130), f32), ((2, 20, 384), f32), ((13,), bf16), ((40, 3), bf16)]
+    big = sum(1 for s, _ in specs if -(-int(np.prod(s)) // fa.LANES) > fa.PACK_ROWS)
+    rng = np.random.default_rng(0)
+    ts = [[jnp.asarray(rng.standard_normal(s), f32).astype(d) for s, d in specs]
+          for _ in range(4)]
+    ts[3] = [jnp.abs(v) for v in ts[3]]
+    steps = [float(k % 3 + 1) for k in range(len(specs))]
+    kw = dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8)
+
+    def step(*flat):
+        p, g, m, v = (list(flat[i::4]) for i in range(4))
+        return fa.fused_adamw(p, g, m, v, [], steps, **kw)
+
+    flat = [t for k in range(len(specs)) for t in (ts[0][k], ts[1][k], ts[2][k], ts[3][k])]
+    assert _pallas_calls(jax.make_jaxpr(step)(*flat).jaxpr) == big + 2    # + f32 and bf16 packs
+    p, m, v, _ = step(*flat)
+    for k, (shape, dtype) in enumerate(specs):
+        want = ref.adam_step(*(ts[r][k] for r in range(4)), None, steps[k], adamw=True, **kw)
+        for got, w in zip((p[k], m[k], v[k]), want[:3]):
+            assert got.shape == shape and got.dtype == dtype
+            np.testing.assert_allclose(np.asarray(got.astype(f32)), np.asarray(w.astype(f32)),
+                                       **tol(dtype, kernel=True))
+
+
 def test_empty_param_passes_through():
     e = jnp.zeros((0, 3), jnp.float32)
     p, m, v, vm = fa.fused_adamw([e], [e], [e], [e], [e], [1.0], lr=1e-3, beta1=0.9,
@@ -105,7 +139,7 @@ def test_compiles_for_tpu(dtype, amsgrad):
     def step(p, g, m, v, vm, steps, lr, gs, fi):
         return fn(p, g, m, v, vm, steps, lr=lr, grad_scale=gs, found_inf=fi)
 
-    tpu_compile(step, a, a, a, a, a if amsgrad else [], [sc, sc], sc, sc, sc, kernels=2)
+    tpu_compile(step, a, a, a, a, a if amsgrad else [], [sc, sc], sc, sc, sc, kernels=2)  # own + packed
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)
@@ -117,6 +151,8 @@ def test_blocks_fit_vmem(gen, numel, dtype, amsgrad):
     br = fa.block_rows(-(-numel // fa.LANES), dtype, amsgrad, chip)
     assert br % tpu_info.sublane(dtype) == 0
     assert fa.vmem_bytes(br, dtype, amsgrad) <= tpu_info.vmem_budget(chip)
+    br = fa.block_rows(-(-numel // fa.MAX_WIDTH), dtype, amsgrad, chip, fa.MAX_WIDTH)
+    assert fa.vmem_bytes(br, dtype, amsgrad, fa.MAX_WIDTH) <= tpu_info.vmem_budget(chip)
 
 
 def test_supports():

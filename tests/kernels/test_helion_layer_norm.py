@@ -90,3 +90,20 @@ def test_layer_norm_compiles_for_tpu(shape, dtype):
                          ids=lambda s: "x".join(map(str, s)))
 def test_layer_norm_sweep(shape, dtype):
     test_layer_norm_fwd_bwd_parity(shape, dtype)
+
+
+def test_layer_norm_dwdb_several_row_groups():
+    """The weight/bias grads' two-stage reduction over more than one row tile (ragged rows)."""
+    test_layer_norm_fwd_bwd_parity((768, 256), jnp.float32)   # 3 row tiles of 256 (f32)
+
+
+def test_layer_norm_bwd_compiles_at_128k_rows_v7x():
+    """The backward's VMEM no longer grows with the row count (it held the whole mean/rstd
+    columns before and overflowed v7x's 64 MiB at ~32k rows)."""
+    rows, n = 131072, 4096
+    S = jax.ShapeDtypeStruct
+    col, vec = S((rows, 1), jnp.float32), S((n,), jnp.bfloat16)
+    summary = tpu_compile(lambda dy, x, mu, r, w, b: K.layer_norm_bwd(dy, x, mu, r, w, b),
+                          S((rows, n), jnp.bfloat16), S((rows, n), jnp.bfloat16), col, col,
+                          vec, vec, chip="v7x", kernels=2)
+    assert summary.max_kernel_vmem < 32 * 2**20, summary.format()

@@ -93,3 +93,19 @@ def test_rms_norm_compiles_for_tpu(shape, dtype):
                          ids=lambda s: "x".join(map(str, s)))
 def test_rms_norm_sweep(shape, dtype):
     test_rms_norm_fwd_bwd_parity(shape, dtype)
+
+
+def test_rms_norm_dw_several_row_groups():
+    """The weight grad's two-stage reduction over more than one row tile (ragged rows)."""
+    test_rms_norm_fwd_bwd_parity((768, 256), jnp.float32)   # 3 row tiles of 256 (f32)
+
+
+def test_rms_norm_bwd_compiles_at_128k_rows_v7x():
+    """The backward's VMEM no longer grows with the row count (it held the whole rstd
+    column before and overflowed v7x's 64 MiB at ~64k rows)."""
+    rows, n = 131072, 4096
+    S = jax.ShapeDtypeStruct
+    summary = tpu_compile(lambda dy, x, w, r: K.rms_norm_bwd(dy, x, w, r),
+                          S((rows, n), jnp.bfloat16), S((rows, n), jnp.bfloat16),
+                          S((n,), jnp.bfloat16), S((rows, 1), jnp.float32), chip="v7x", kernels=2)
+    assert summary.max_kernel_vmem < 32 * 2**20, summary.format()

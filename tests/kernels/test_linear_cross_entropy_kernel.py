@@ -60,10 +60,12 @@ def test_parity(n, h, vocab, dtype, chunk, kw):
     _check(n, h, vocab, dtype, chunk, **kw)
 
 
-def test_hidden_blocks(monkeypatch):
-    """Several hidden blocks (f32 logits accumulated over the grid's last axis)."""
-    monkeypatch.setattr(lce, "_HIDDEN_BLOCKS", (128,))
-    _check(9, 256, 200, jnp.float32, 128, label_smoothing=0.1)
+def test_ragged_blocks(monkeypatch):
+    """Several row and vocab blocks, ragged in both (masked rows/columns), and a chunk that
+    is not a multiple of the vocab block."""
+    monkeypatch.setattr(lce, "_BWD_ROW_BLOCK", 16)
+    monkeypatch.setattr(lce, "_VOCAB_BLOCK", 128)
+    _check(40, 128, 330, jnp.float32, 200, label_smoothing=0.1)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32])   # bf16: test_real_compile
@@ -77,7 +79,7 @@ def test_compiles_for_tpu(dtype):
         loss = lambda a, b: fn(a, b, t).astype(jnp.float32)  # noqa: E731
         return jax.value_and_grad(loss, argnums=(0, 1))(hid, w)
 
-    tpu_compile(loss_and_grads, hid, w, t, kernels=2)     # forward, grad chunk (in a loop)
+    tpu_compile(loss_and_grads, hid, w, t, kernels=3)     # forward, one backward per chunk
 
 
 @pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)
@@ -86,10 +88,27 @@ def test_compiles_for_tpu(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_blocks_fit_vmem(gen, n, h, vocab, dtype):
     chip = tpu_info.CHIPS[gen]
-    bn, bv, bh = lce.block_sizes(n, h, vocab, dtype, chip)
+    bn, bv = lce.block_sizes(n, h, vocab, dtype, chip)
     assert bn % tpu_info.sublane(dtype) == 0 and bv % 128 == 0
-    assert bh == h or bh % 128 == 0
-    assert lce.vmem_bytes(bn, bv, bh, dtype) <= tpu_info.vmem_budget(chip)
+    assert lce.vmem_bytes(bn, bv, h, dtype) <= lce.vmem_budget(chip)
+    chunk = lce.default_chunk(n, vocab, dtype)
+    bn, bv = lce.bwd_block_sizes(n, h, chunk, dtype, chip)
+    assert bn % tpu_info.sublane(dtype) == 0 and bv % 128 == 0
+    assert lce.bwd_vmem_bytes(bn, bv, h, dtype) <= lce.vmem_budget(chip)
+
+
+@pytest.mark.parametrize("gen", tpu_info.CHECKED_GENERATIONS)
+def test_blocks_clear_ridge(gen):
+    """bf16 at Llama-3-8B sizes: both kernels' arithmetic intensity (flops per HBM byte the
+    grid moves) is above the chip's ridge point, i.e. they are compute-bound."""
+    chip = tpu_info.CHIPS[gen]
+    n, h, vocab, dt = 8192, 4096, 128256, jnp.bfloat16
+    ridge = chip.bf16_flops / chip.hbm_bytes_per_s
+    fwd = lce._fwd_cost(n, h, vocab, lce.block_sizes(n, h, vocab, dt, chip), dt)
+    chunk = lce.default_chunk(n, vocab, dt)
+    bwd = lce._bwd_cost(n, h, chunk, lce.bwd_block_sizes(n, h, chunk, dt, chip), dt)
+    for est in (fwd, bwd):
+        assert est.flops / est.bytes_accessed > ridge
 
 
 def test_memory_saved_at_vocab_128k():
@@ -108,7 +127,8 @@ def test_supports():
     assert "!=" in lce.supports((4, 64), (10, 32), "float32", "int64")
     assert "dtype" in lce.supports((4, 64), (10, 64), "float16", "int64")
     assert "integer" in lce.supports((4, 64), (10, 64), "float32", "float32")
-    assert "multiple of 128" in lce.supports((4, 1100), (10, 1100), "float32", "int32")
+    assert lce.supports((4, 1100), (10, 1100), "float32", "int32") is None
+    assert "8192" in lce.supports((4, 16384), (10, 16384), "float32", "int32")
     assert "reduction" in lce.supports((4, 64), (10, 64), "float32", "int32", reduction="x")
     assert "empty" in lce.supports((0, 64), (10, 64), "float32", "int32")
     with pytest.raises(ValueError, match="weight dtype"):

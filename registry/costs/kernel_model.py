@@ -54,7 +54,9 @@ def model(fn: Callable[..., Any], specs: list, chip: str) -> Modelled:
     """Trace ``fn(*specs)`` for ``chip`` and add up what its kernels and wrapper cost."""
     row = tpu_info.chip(chip)
     with tpu_info.compile_for(row):
-        closed = jax.make_jaxpr(fn)(*specs)
+        # a fresh callable per call: jax caches a trace by function identity, and the
+        # chip (which picks the kernels' blocks) is not part of that key
+        closed = jax.make_jaxpr(lambda *a: fn(*a))(*specs)
     acc = _Acc(row)
     acc.walk(closed.jaxpr)
     return acc.result()

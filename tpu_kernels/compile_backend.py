@@ -48,9 +48,14 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # copying each one back op by op
     start = len(PROGRAMS)
     training = compile_fast_path.needs_autograd(example_inputs)
+    gm = graph_patterns.rewrite(gm)
+    # what AOTAutograd passes before Dynamo's arguments: the graph module's own tensors
+    # (an optimizer's state, installed as attributes), in its order
+    lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
+              *dict(gm.named_buffers(remove_duplicate=False)).values()]
     compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                            keep_inference_input_mutations=True)(graph_patterns.rewrite(gm), example_inputs)
-    return compile_fast_path.fast_path(PROGRAMS[start:], example_inputs, training) or compiled
+                            keep_inference_input_mutations=True)(gm, example_inputs)
+    return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs, training) or compiled
 
 
 def register() -> None:

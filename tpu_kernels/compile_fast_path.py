@@ -29,26 +29,30 @@ def needs_autograd(example_inputs: Sequence[Any]) -> bool:
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
-def fast_path(programs: Sequence[GraphProgram], example_inputs: Sequence[Any],
-              training: bool) -> Callable | None:
-    """A direct call of the one program compiled for Dynamo's graph, or None where
-    AOTAutograd's wrappers do something for this graph (the reason is logged)."""
-    why = _unfit(programs, example_inputs, training)
+def fast_path(programs: Sequence[GraphProgram], lifted: Sequence[torch.Tensor],
+              example_inputs: Sequence[Any], training: bool) -> Callable | None:
+    """A direct call of the one program compiled for Dynamo's graph (``lifted``: the
+    graph module's parameters and buffers, passed first), or None where AOTAutograd's
+    wrappers do something for this graph (the reason is logged)."""
+    why = _unfit(programs, [*lifted, *example_inputs], training)
     if why is not None:
         log.debug("a compiled graph keeps AOTAutograd's runtime wrappers: %s", why)
         return None
     program = programs[0]
     bumped = tuple(program.aot_meta.mutated_graph_handled_indices_seen_by_autograd)
-    if not bumped:
+    if not lifted and not bumped:
         return program
+    lifted = tuple(lifted)
     increment_version = torch.autograd.graph.increment_version
 
-    def mutating_call(*args: Any) -> list[Any]:
-        # what AOTAutograd's wrapper does for inputs the graph writes: autograd sees them
-        # change (a tensor saved for a backward and written after is an error there)
-        increment_version(tuple(args[i] for i in bumped))
+    def call(*args: Any) -> list[Any]:
+        args = lifted + args
+        if bumped:
+            # what AOTAutograd's wrapper does for inputs the graph writes: autograd sees them
+            # change (a tensor saved for a backward and written after is an error there)
+            increment_version(tuple(args[i] for i in bumped))
         return program(*args)
-    return mutating_call
+    return call
 
 
 def _unfit(programs: Sequence[GraphProgram], example_inputs: Sequence[Any], training: bool) -> str | None:
@@ -64,7 +68,9 @@ def _unfit(programs: Sequence[GraphProgram], example_inputs: Sequence[Any], trai
         return "autocast is on (AOTAutograd runs the graph with it off)"
     if program.is_tensor != [isinstance(x, torch.Tensor) for x in example_inputs] \
             or len(meta.input_info) != len(example_inputs):
-        return "the graph's inputs are not Dynamo's (tokens, synthetic bases or flattening)"
+        return (f"the graph's inputs are not Dynamo's (tokens, synthetic bases or flattening): "
+                f"{len(program.is_tensor)} graph inputs, {len(meta.input_info)} in its metadata, "
+                f"{len(example_inputs)} from Dynamo")
     if meta.tokens or meta.num_intermediate_bases or meta.is_rng_op_functionalized \
             or getattr(meta, "num_graphsafe_rng_states", 0):
         return "effect tokens, intermediate bases or functionalized rng"

@@ -80,8 +80,10 @@ class GraphProgram:
         host = self.host
         if host is not None:     # CPU inputs updated on the host (see host_writes.py)
             updates = host.compute(tensors)
-            for k in host.written:
-                sources[k] = _host(tensors[k].clone())
+            for k in host.written:      # the program reads a private copy
+                st = sources[k][0]
+                if isinstance(st.array, np.ndarray):
+                    st.array = st.array.copy()
         if self.eager:
             it = (TpuTensor(st, *g) for st, g in sources)
             with torch.no_grad():

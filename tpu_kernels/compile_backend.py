@@ -19,7 +19,7 @@ from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 
-from tpu_kernels import compile_options, flex_attention, graph_patterns
+from tpu_kernels import compile_fast_path, compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
@@ -32,6 +32,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
                   options: CompileOptions | None = None) -> Callable:
     """AOTAutograd's compiler hook: one ATen graph -> one jitted program (boxed call)."""
     program = GraphProgram(gm, example_inputs, options)
+    context = torch._guards.TracingContext.try_get()
+    # what AOTAutograd's wrappers do around this graph (see compile_fast_path.py)
+    program.aot_meta = context.fw_metadata if context is not None else None
     PROGRAMS.append(program)
     return make_boxed_func(program)
 
@@ -43,8 +46,16 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # in-place updates of inputs stay inside inference graphs (an optimizer step): the
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                        keep_inference_input_mutations=True)(graph_patterns.rewrite(gm), example_inputs)
+    start = len(PROGRAMS)
+    training = compile_fast_path.needs_autograd(example_inputs)
+    gm = graph_patterns.rewrite(gm)
+    # what AOTAutograd passes before Dynamo's arguments: the graph module's own tensors
+    # (an optimizer's state, installed as attributes), in its order
+    lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
+              *dict(gm.named_buffers(remove_duplicate=False)).values()]
+    compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                            keep_inference_input_mutations=True)(gm, example_inputs)
+    return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs, training) or compiled
 
 
 def register() -> None:

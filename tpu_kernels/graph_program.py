@@ -13,6 +13,7 @@ are watched like eager's.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 from typing import Any, Sequence
@@ -26,12 +27,13 @@ from tpu_kernels import dispatch, errors, inflight, random_state, shadow, stride
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
+from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read
+from tpu_kernels.tensor import TpuTensor, read, wrap_known
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,21 @@ class GraphProgram:
         self.cpu_inputs = [k for k, x in enumerate(x for x in example_inputs if isinstance(x, torch.Tensor))
                            if x.device.type == "cpu"]
         self.all_tensors = all(self.is_tensor)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        host = HostWrites(gm, {n: k for k, n in enumerate(n for n, t in zip(placeholders, self.is_tensor) if t)})
+        self.host = host if host.writes and not self.eager else None
+        self.aot_meta = None   # AOTAutograd's metadata of the graph, set by the backend
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
         sources = [source_of(a) for a in tensors]     # (storage, geometry) per tensor input
+        host = self.host
+        if host is not None:     # CPU inputs updated on the host (see host_writes.py)
+            updates = host.compute(tensors)
+            for k in host.written:      # the program reads a private copy
+                st = sources[k][0]
+                if isinstance(st.array, np.ndarray):
+                    st.array = st.array.copy()
         if self.eager:
             it = (TpuTensor(st, *g) for st, g in sources)
             with torch.no_grad():
@@ -79,8 +92,11 @@ class GraphProgram:
             out = self._run_jitted(args, sources)
         for k in self.cpu_inputs:           # the graph may have updated CPU inputs
             a, st = tensors[k], sources[k][0]
-            if st.version:
+            if st.version and (host is None or k not in host.written):
                 a.copy_(to_torch(st.array).reshape(a.shape))
+        if host is not None:
+            for k, v in updates:
+                tensors[k].copy_(v)
         self.calls += 1
         if self.cpu_outputs:
             out = [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
@@ -128,6 +144,9 @@ class GraphProgram:
                 out.append(entry[1])
                 continue
             kind, where, geometry = entry
+            if kind == "whole":        # the only view of a new storage, all of it
+                out.append(wrap_known(arrays[where], *geometry))
+                continue
             if kind == "input":
                 storage = sources[where][0]
             else:
@@ -217,13 +236,21 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
 
     written = [(k, slot(st)) for k, (st, a) in enumerate(zip(inputs, arrays)) if st.array is not a]
     layout = []
+    shared = collections.Counter(id(o._tpu_storage) for o in result if isinstance(o, TpuTensor))
     for o in result:
         if not isinstance(o, TpuTensor):
             layout.append(("value", o))
             continue
         st, geometry = o._tpu_storage, _geometry(o)
         k = next((k for k, s in enumerate(inputs) if s is st), None)
-        layout.append(("input", k, geometry) if k is not None else ("new", slot(st), geometry))
+        if k is not None:
+            layout.append(("input", k, geometry))
+        elif o._tpu_direct and shared[id(st)] == 1 and o.numel() > 0 and id(st) not in slots:
+            # rebuilt without recomputing its layout: (size, strides, dtype, bytes)
+            nbytes = int(st.array.size) * np.dtype(st.array.dtype).itemsize
+            layout.append(("whole", slot(st), (geometry[0], geometry[1], geometry[3], nbytes)))
+        else:
+            layout.append(("new", slot(st), geometry))
     return storages, (written, layout)
 
 
@@ -250,7 +277,8 @@ def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
     """The storage and view geometry behind a compiled graph's tensor argument: a tpu
     tensor, a shadow (whose tensor may be gone), or a CPU tensor (a host array)."""
     if isinstance(x, TpuTensor):
-        return x._tpu_storage, _geometry(x)
+        # its shadow holds both, kept while its geometry holds (Dynamo's guards read it)
+        return x._tpu_shadow._tpu_source
     src = shadow.source(x)
     if src is not None:
         return src

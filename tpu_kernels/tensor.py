@@ -34,6 +34,22 @@ def install_dispatch(run: Callable[[Any, tuple, dict], Any],
     _dispatch, _on_worker_error = run, on_worker_error
 
 
+class _ShadowSlot:
+    """``t._tpu_shadow``: made on first use and kept in ``t.__dict__``, where later reads
+    find it without a Python call (Dynamo's guards read it for every tpu input of every
+    compiled call); ``repoint``, the one place a tensor's geometry changes, drops it. Its
+    identity is kept while the geometry holds: Dynamo tells inputs apart by it."""
+
+    def __get__(self, t: "TpuTensor | None", owner: type | None = None) -> Any:
+        if t is None:
+            return self
+        st = t._tpu_storage
+        if st is None:
+            return t._tpu_inner
+        s = t.__dict__["_tpu_shadow"] = shadow.make_shadow(t, st)
+        return s
+
+
 class TpuTensor(torch.Tensor):
     """A tensor on the ``tpu`` device. Use ``t.jax()`` for its value as a jax.Array."""
     _tpu_storage: Storage | None     # None: a traced tensor (inside torch.compile)
@@ -107,20 +123,7 @@ class TpuTensor(torch.Tensor):
             return TpuTensor(src[0], *src[1])
         return TpuTensor._traced(inner, outer_size, outer_stride)
 
-    @property
-    def _tpu_shadow(self) -> torch.Tensor:
-        """Kept while the geometry holds: Dynamo tells inputs apart by object identity."""
-        st = self._tpu_storage
-        if st is None:
-            return self._tpu_inner
-        # the array's shape, not its size: a Python property the guards would pay per input
-        key = (id(st), st.array.shape, self.dtype, self.shape, self.stride(), self.storage_offset())
-        cached = self.__dict__.get("_tpu_shadow_cache")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        s = shadow.make_shadow(self, st)
-        self._tpu_shadow_cache = (key, s)
-        return s
+    _tpu_shadow = _ShadowSlot()
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -318,4 +321,5 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     t._tpu_storage = new._tpu_storage
     t._tpu_direct = new._tpu_direct
     t._tpu_cache = None
+    t.__dict__.pop("_tpu_shadow", None)   # its geometry changed
     return t

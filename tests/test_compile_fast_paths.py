@@ -1,0 +1,107 @@
+"""torch.compile(backend="tpu")'s per-call shortcuts keep results right: inference graphs
+called without AOTAutograd's wrappers, shadows kept on the tensor, CPU step counters
+updated on the host."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tpu_kernels  # noqa: F401
+from tpu_kernels import compile_backend
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _backend_result(fn, *args):
+    """What the tpu backend handed Dynamo for ``fn``'s one graph, and fn's result."""
+    handed = []
+
+    def probe(gm, example_inputs, **kw):
+        handed.append(compile_backend.tpu_backend(gm, example_inputs, **kw))
+        return handed[-1]
+    out = torch.compile(fn, backend=probe)(*args)
+    return handed, out
+
+
+def test_inference_graph_is_called_directly_and_matches_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    with torch.no_grad():
+        handed, out = _backend_result(tpu, x.to("tpu"))
+        again = torch.compile(tpu, backend="tpu")(x.to("tpu"))
+        expected = cpu(x)
+    assert isinstance(handed[0], compile_backend.GraphProgram)   # no AOTAutograd wrapper
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(again.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_training_and_aliasing_graphs_keep_aotautograds_wrappers():
+    w = torch.randn(4, 4, device="tpu", requires_grad=True)
+    handed, _ = _backend_result(lambda x: (x @ w).sum(), torch.randn(2, 4, device="tpu"))
+    assert not isinstance(handed[0], compile_backend.GraphProgram)
+    torch._dynamo.reset()
+    x = torch.randn(2, 6, device="tpu")
+    with torch.no_grad():
+        handed, out = _backend_result(lambda x: (x.view(3, 4), x * 2), x)
+    assert not isinstance(handed[0], compile_backend.GraphProgram)
+    assert out[0]._base is x or out[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out[0].cpu(), x.cpu().view(3, 4))
+
+
+def test_input_mutation_on_the_direct_path_bumps_the_version():
+    x = torch.zeros(4, device="tpu")
+
+    def f(x):
+        x.add_(1)
+        return x * 2
+    with torch.no_grad():
+        handed, out = _backend_result(f, x)
+    version = x._version
+    with torch.no_grad():
+        out = torch.compile(f, backend="tpu")(x)
+    assert x._version > version
+    torch.testing.assert_close(x.cpu(), torch.full((4,), 2.0))
+    torch.testing.assert_close(out.cpu(), torch.full((4,), 4.0))
+
+
+def test_a_tensor_whose_geometry_changes_is_read_with_the_new_one():
+    x = torch.arange(6.0).reshape(2, 3).to("tpu")
+    f = torch.compile(lambda t: t * 2, backend="tpu")
+    with torch.no_grad():
+        first = f(x)
+        x.t_()              # in place: same tensor object, new sizes and strides
+        second = f(x)
+    torch.testing.assert_close(first.cpu(), torch.arange(6.0).reshape(2, 3) * 2)
+    torch.testing.assert_close(second.cpu(), torch.arange(6.0).reshape(2, 3).t() * 2)
+
+
+def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2)
+    step = torch.compile(opt_tpu.step, backend="tpu")
+    x = torch.randn(2, 8)
+    start = len(compile_backend.PROGRAMS)
+    for _ in range(3):
+        for m, opt, xx in ((cpu, opt_cpu, x), (tpu, opt_tpu, x.to("tpu"))):
+            opt.zero_grad()
+            m(xx).square().sum().backward()
+        opt_cpu.step()
+        step()
+    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
+    assert len(program.host.written) == 2      # weight's and bias's step counters
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
+        assert opt_tpu.state[b]["step"].device.type == "cpu"
+        torch.testing.assert_close(opt_tpu.state[b]["step"], opt_cpu.state[a]["step"])

@@ -1,0 +1,70 @@
+"""CPU inputs a compiled graph updates from CPU values alone, updated on the host.
+
+An optimizer's step counters are CPU tensors (torch's default, ``capturable=False``): a
+compiled ``opt.step`` graph adds one to each and writes it back (``copy_`` into the
+input). The program computes that too, but reading its result back into the CPU tensor
+waits for the whole program: a host sync every training step. The new value depends on
+CPU tensors only, so the same ops run on the host with torch (a few scalar ops) while the
+program runs; the program's copy is not read. The program is given a private copy of such
+an input, so the host's write never races its read.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch.fx.node import map_arg
+
+
+class HostWrites:
+    """The graph's ``copy_`` into a CPU input whose new value needs only CPU inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tensor_positions: dict[torch.fx.Node, int]) -> None:
+        on_host: set[torch.fx.Node] = {n for n in tensor_positions if _on_cpu(n)}
+        self.nodes: list[torch.fx.Node] = []        # host ops, in graph order
+        self.writes: list[tuple[int, torch.fx.Node]] = []   # (tensor position, new value)
+        self.positions = tensor_positions
+        for n in gm.graph.nodes:
+            if n.op != "call_function" or not _host_op(n, on_host):
+                continue
+            if n.target is torch.ops.aten.copy_.default and n.args[0] in tensor_positions:
+                self.writes.append((tensor_positions[n.args[0]], n.args[1]))
+                continue
+            on_host.add(n)
+            self.nodes.append(n)
+        needed = _ancestors([v for _, v in self.writes])
+        self.nodes = [n for n in self.nodes if n in needed]
+        self.written = {k for k, _ in self.writes}
+
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+        """The new value of each written input, from the inputs' current values."""
+        env: dict[torch.fx.Node, Any] = {n: tensors[k] for n, k in self.positions.items()}
+        with torch.no_grad():
+            for n in self.nodes:
+                env[n] = n.target(*map_arg(n.args, env.__getitem__), **map_arg(n.kwargs, env.__getitem__))
+        return [(k, env[v]) for k, v in self.writes]
+
+
+def _on_cpu(n: Any) -> bool:
+    val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.device.type == "cpu"
+
+
+def _host_op(n: torch.fx.Node, on_host: set) -> bool:
+    """An ATen op on host values giving a CPU tensor, not a random one."""
+    target = n.target
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    inputs = n.all_input_nodes
+    return _on_cpu(n) and bool(inputs) and all(i in on_host for i in inputs)
+
+
+def _ancestors(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen

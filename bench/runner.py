@@ -29,7 +29,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tpu_kernels import registry
-from tpu_kernels.bench import cost_columns, cost_plot, peaks, report
+from tpu_kernels.aot import cost_plot
+from tpu_kernels.bench import cost_columns, peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
 from tpu_kernels.bench.correctness import check_outputs
 from tpu_kernels.bench.timing import measure_call, outputs, sync_all

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from tpu_kernels.aot import cost_table
-from tpu_kernels.bench import cost_plot, runner
+from tpu_kernels.aot import cost_plot
+from tpu_kernels.bench import runner
 
 
 def test_cost_model_columns_per_chip():

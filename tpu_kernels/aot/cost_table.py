@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._pytree import tree_map
 
+from tpu_kernels.aot import cost_plot
 from tpu_kernels.aot.compiler import compile as aot_compile
 from tpu_kernels.aot.impls import ARGS
 from tpu_kernels.pallas import tpu_info
@@ -240,6 +241,5 @@ def main_args(args: argparse.Namespace) -> int:
     print(markdown(table_rows))
     print("\nkernels that never win here: " + (", ".join(never_win(table_rows)) or "none"))
     if args.plot:
-        from tpu_kernels.bench import cost_plot
         print(f"plot: {cost_plot.plot(table_rows, args.plot)}")
     return 0

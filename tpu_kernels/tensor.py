@@ -34,6 +34,9 @@ def install_dispatch(run: Callable[[Any, tuple, dict], Any],
     _dispatch, _on_worker_error = run, on_worker_error
 
 
+_TORCH_DATA = torch._C.TensorBase.data     # the C getset TpuTensor.data wraps
+
+
 class _ShadowSlot:
     """``t._tpu_shadow``: made on first use and kept in ``t.__dict__``, where later reads
     find it without a Python call (Dynamo's guards read it for every tpu input of every
@@ -124,6 +127,19 @@ class TpuTensor(torch.Tensor):
         return TpuTensor._traced(inner, outer_size, outer_stride)
 
     _tpu_shadow = _ShadowSlot()
+
+    @property
+    def data(self) -> torch.Tensor:  # noqa: D102
+        return _TORCH_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        # torch's setter swaps only the C++ metadata; the jax storage lives on the Python
+        # object, so ``p.data = q`` between tpu tensors must repoint it as well
+        if isinstance(new, TpuTensor) and new._tpu_storage is not None and self._tpu_storage is not None:
+            repoint(self, new)
+        else:
+            _TORCH_DATA.__set__(self, new)
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -317,7 +333,7 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     """Make ``t`` the view ``new`` is (its geometry and storage), in place: every
     reference to ``t`` sees the change, as after torch's in-place metadata ops."""
     with torch.no_grad():
-        t.data = new
+        _TORCH_DATA.__set__(t, new)
     t._tpu_storage = new._tpu_storage
     t._tpu_direct = new._tpu_direct
     t._tpu_cache = None

@@ -27,6 +27,7 @@ in gmm, rows outside the group in both).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.pallas.launch import cost, pallas_call
-from tpu_kernels.pallas.matmul import _candidates, modelled_seconds
+from tpu_kernels.pallas.matmul import _candidates, least_time, modelled_seconds
 from tpu_kernels.pallas.tpu_info import round_up
 
 Blocks = tuple[int, int, int]   # (tm, tk, tn)
@@ -71,16 +72,11 @@ def choose_blocks(m: int, k: int, n: int, dtype, chip: tpu_info.Chip) -> Blocks:
 def _choose(m: int, k: int, n: int, dtype: str, chip: tpu_info.Chip) -> Blocks:
     cm, ck, cn = _TABLE[128 if chip.mxu <= 128 else 256]
     budget = tpu_info.vmem_budget(chip)
-    best, best_t = (128, min(k, 128), min(n, 128)), float("inf")
-    for tm in sorted({min(cm, round_up(m, 128)), 128}):
-        for tk in _candidates(k, 128, ck):
-            for tn in _candidates(n, 128, cn):
-                if vmem_bytes((tm, tk, tn), dtype) > budget:
-                    continue
-                t = modelled_seconds(m, n, k, (tm, tn, tk), dtype, chip)
-                if t < best_t:
-                    best, best_t = (tm, tk, tn), t
-    return best
+    best = least_time(itertools.product(sorted({min(cm, round_up(m, 128)), 128}),
+                                        _candidates(k, 128, ck), _candidates(n, 128, cn)),
+                      lambda b: vmem_bytes(b, dtype) <= budget,
+                      lambda b: modelled_seconds(m, n, k, (b[0], b[2], b[1]), dtype, chip))
+    return best or (128, min(k, 128), min(n, 128))
 
 
 def supports(lhs_shape, lhs_dtype, rhs_shape, rhs_dtype, group_sizes_shape,

@@ -19,6 +19,8 @@ cost per step; a full-extent block (legal at any size) is a candidate on every a
 from __future__ import annotations
 
 import functools
+import itertools
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +99,12 @@ def modelled_seconds(m: int, n: int, k: int, blocks: Blocks, dtype, chip: tpu_in
             + (gm * gn * gk * _STEP_SECONDS) + exposed / chip.hbm_bytes_per_s)
 
 
+def least_time(candidates: Iterable[tuple], fits: Callable[[tuple], bool],
+               seconds: Callable[[tuple], float]) -> tuple | None:
+    """The first of ``candidates`` that ``fits`` with the least ``seconds``; None if none fits."""
+    return min((b for b in candidates if fits(b)), key=seconds, default=None)
+
+
 def choose_blocks(m: int, n: int, k: int, dtype, chip: tpu_info.Chip, *,
                   transpose_a: bool = False) -> Blocks:
     """The tuned table's entry for the problem's shape class (``tuned``, fitted to the
@@ -116,15 +124,10 @@ def _choose(m: int, n: int, k: int, dtype: str, chip: tpu_info.Chip, transpose_a
     sub = tpu_info.sublane(dtype)
     cm, cn, ck = _CAP[(128 if chip.mxu <= 128 else 256, "skinny" if m <= 256 else "square")]
     budget = tpu_info.vmem_budget(chip)
-    best, best_t = None, float("inf")
-    for bm in _candidates(m, 128 if transpose_a else sub, cm):
-        for bn in _candidates(n, 128, cn):
-            for bk in _candidates(k, 128, ck):
-                if vmem_bytes((bm, bn, bk), dtype) > budget:
-                    continue
-                t = modelled_seconds(m, n, k, (bm, bn, bk), dtype, chip)
-                if t < best_t:
-                    best, best_t = (bm, bn, bk), t
+    best = least_time(itertools.product(_candidates(m, 128 if transpose_a else sub, cm),
+                                        _candidates(n, 128, cn), _candidates(k, 128, ck)),
+                      lambda b: vmem_bytes(b, dtype) <= budget,
+                      lambda b: modelled_seconds(m, n, k, b, dtype, chip))
     if best is None:      # nothing fits (a tiny budget): the smallest aligned blocks
         best = (min(m, 128 if transpose_a else sub), min(n, 128), min(k, 128))
     return best

@@ -152,7 +152,8 @@ def case_section(case: str, results: list[dict]) -> list[str]:
     out += overlap_lines(results)
     out.append("Compile: " + "; ".join(
         f"{r['layers']} layers {r['compile_seconds']:.0f} s compile, {r['wall_seconds']:.0f} s "
-        f"wall, peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
+        f"wall" + (f" ({r['cpu_seconds']:.0f} s of CPU)" if "cpu_seconds" in r else "") +
+        f", peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
     out.append("")
     return out
 

@@ -62,7 +62,8 @@ def compile_case(case: str, layers: int, keep: str, timeout: int) -> dict | None
     except subprocess.TimeoutExpired:
         print(f"{case} L{layers}: timed out after {timeout} s", file=sys.stderr)
         return None
-    if p.returncode not in (0, 1):          # 1: compiled, does not fit
+    # 1: compiled, does not fit (with its JSON); an exception also exits 1, without it
+    if p.returncode not in (0, 1) or not p.stdout.strip():
         print(f"{case} L{layers} failed:\n{p.stderr[-3000:]}", file=sys.stderr)
         return None
     out = json.loads(p.stdout)

@@ -64,10 +64,11 @@ def _attention_layout(mesh, q, k, mask):
     heads = _kept(mesh, spec[1], hq, k.shape[1])
     if mask is None:
         return batch, heads, None
-    mb, mh = mask.shape[:2] if len(mask.shape) == 4 else (1, 1)
-    lead = (batch if mb == b else None, heads if mh == hq else None)
-    return batch, heads, _named(mesh, *(lead + (None, None))[-len(mask.shape):]) \
-        if len(mask.shape) == 4 else _named(mesh)
+    if len(mask.shape) != 4:        # broadcast over batch and heads: whole on each device
+        return batch, heads, _named(mesh)
+    mb, mh = mask.shape[:2]
+    return batch, heads, _named(mesh, batch if mb == b else None, heads if mh == hq else None,
+                                None, None)
 
 
 def _attention_rule(*static_mesh_types):

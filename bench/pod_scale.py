@@ -62,7 +62,8 @@ def compile_case(case: str, layers: int, keep: str, timeout: int) -> dict | None
     except subprocess.TimeoutExpired:
         print(f"{case} L{layers}: timed out after {timeout} s", file=sys.stderr)
         return None
-    if p.returncode not in (0, 1):          # 1: compiled, does not fit
+    # 1: compiled, does not fit (with its JSON); an exception also exits 1, without it
+    if p.returncode not in (0, 1) or not p.stdout.strip():
         print(f"{case} L{layers} failed:\n{p.stderr[-3000:]}", file=sys.stderr)
         return None
     out = json.loads(p.stdout)
@@ -152,7 +153,8 @@ def case_section(case: str, results: list[dict]) -> list[str]:
     out += overlap_lines(results)
     out.append("Compile: " + "; ".join(
         f"{r['layers']} layers {r['compile_seconds']:.0f} s compile, {r['wall_seconds']:.0f} s "
-        f"wall, peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
+        f"wall" + (f" ({r['cpu_seconds']:.0f} s of CPU)" if "cpu_seconds" in r else "") +
+        f", peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
     out.append("")
     return out
 

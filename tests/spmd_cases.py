@@ -220,6 +220,73 @@ def pallas_per_shard() -> None:
     torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+def _collectives(hlo: str) -> list[str]:
+    """The collective instructions of a compiled HLO text (their result shapes first)."""
+    kinds = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+    return [line.split("=", 1)[1].strip()[:80] for line in hlo.splitlines()
+            if any(f" {k}(" in line or f" {k}-start(" in line for k in kinds)]
+
+
+def dispatch_per_shard() -> None:
+    """The dispatcher's Pallas flash attention (forward and backward) and grouped matmul
+    on tpu tensors sharded over heads / experts run per shard (spmd_kernels): results
+    equal the unsharded ones, stay sharded, and the programs gather nothing big."""
+    from tpu_kernels import dispatch, registry
+    from tpu_kernels.registry.bindings.flash_attention import sdpa_flash
+    from tpu_kernels.registry.bindings.grouped_matmul import grouped_mm
+    mesh = spmd.Mesh((8,), ("tp",))
+    heads = (None, "tp", None, None)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 128, 64) for _ in range(3))
+    fused = str(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    bwd = fused.replace("_cpu.default", "_cpu_backward.default")
+    before = dict(dispatch.op_counts())
+    with registry.interpret():
+        ts = [spmd.mark_sharding(t.to("tpu"), mesh, heads).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*ts, is_causal=True)
+        out.sum().backward()
+    counts = dispatch.op_counts()
+    for op in (fused, bwd):
+        assert counts.get((op, "pallas"), 0) > before.get((op, "pallas"), 0), f"{op} not pallas"
+    assert spmd.spec_of(out) == heads and spmd.local_shapes(out) == [(1, 1, 128, 64)] * 8
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*ref, is_causal=True)
+    want.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=2e-5, atol=2e-5)
+    # (the gradients come back whole: torch lays dq/dk/dv out as [b, s, h, d] views, which
+    # eager mode stores flat, unsharded; inside a compiled graph they stay sharded)
+    for t, r in zip(ts, ref):
+        torch.testing.assert_close(t.grad.cpu(), r.grad, rtol=1e-4, atol=1e-4)
+    # the program the binding makes: no collective at all (each device its heads)
+    placed = [jax.device_put(t.numpy(), mesh.sharding(heads)) for t in (q, k, v)]
+    with registry.interpret():
+        hlo = jax.jit(lambda a, b, c: sdpa_flash(a, b, c, is_causal=True)).lower(
+            *placed).compile().as_text()
+    assert not _collectives(hlo), _collectives(hlo)
+    # experts over "tp": torch._grouped_mm with the weights sharded; only the 8 row
+    # offsets are gathered and the output all-reduced, never the expert weights
+    x = torch.randn(100, 32, dtype=torch.bfloat16)
+    w = torch.randn(8, 32, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([10, 10, 40, 60, 65, 90, 92, 100], dtype=torch.int32)
+    with registry.interpret():
+        ws = spmd.mark_sharding(w.to("tpu"), mesh, ("tp", None, None))
+        y = torch._grouped_mm(x.to("tpu"), ws, offs.to("tpu"))
+    assert counts.get((str(torch.ops.aten._grouped_mm.default), "pallas"), 0) < \
+        dispatch.op_counts().get((str(torch.ops.aten._grouped_mm.default), "pallas"), 0)
+    starts = [0] + offs.tolist()[:-1]
+    want = torch.cat([x[a:b].float() @ w[e].float() for e, (a, b) in
+                      enumerate(zip(starts, offs.tolist()))])
+    torch.testing.assert_close(y.cpu().float(), want, rtol=2e-2, atol=2e-2)
+    args = (jax.device_put(x.float().numpy(), mesh.sharding(())),
+            jax.device_put(w.float().numpy(), mesh.sharding(("tp", None, None))),
+            jax.device_put(offs.numpy(), mesh.sharding(())))
+    with registry.interpret():
+        hlo = jax.jit(lambda a, b, o: grouped_mm(a, b, o)).lower(*args).compile().as_text()
+    comms = _collectives(hlo)
+    assert any(c.startswith("f32[100,64]") and "all-reduce" in c for c in comms), comms
+    assert all(c.startswith(("f32[100,64]", "s32[8]")) for c in comms), comms
+
+
 if __name__ == "__main__":
     case, *args = sys.argv[1:]
     assert len(jax.devices()) == 8, jax.devices()

@@ -8,7 +8,9 @@ training, each device holding 1/8 of every parameter and AdamW moment; ~40 s on 
 2-core machine: the one end-to-end proof of the SPMD training path). The 2-D (fsdp x tp)
 and expert-sharded MoE trainings (``moe_experts``: ~110 s on the loaded 2-core machine),
 the compiled and deferred variants, and Pallas kernels run per shard (``spmd.per_shard``:
-flash attention over heads, a grouped matmul over experts; ~75 s) are thorough.
+flash attention over heads, a grouped matmul over experts; ~75 s) are thorough. The
+dispatcher's own route to those kernels on sharded tensors (``spmd_kernels``: partitioned
+per shard by XLA) is checked in CI at small shapes.
 """
 from __future__ import annotations
 
@@ -57,6 +59,12 @@ def test_gpt_fsdp_x_tp(mode):
 @pytest.mark.thorough
 def test_moe_expert_sharding():
     _run("moe_experts")
+
+
+def test_dispatched_kernels_run_per_shard():
+    """F.scaled_dot_product_attention (forward, backward) and torch._grouped_mm on tpu
+    tensors sharded over heads / experts reach the Pallas kernels per shard (~7 s CPU)."""
+    _run("dispatch_per_shard")
 
 
 @pytest.mark.thorough

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_kernels import spmd_kernels
 from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
@@ -26,7 +27,9 @@ def _supports(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=No
 @tpu_kernel("aten::_scaled_dot_product_flash_attention_for_cpu", kind="pallas", supports=_supports,
             static=("dropout_p", "scale"))
 def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    return kernel.flash_attention_fwd(query, key, value, attn_mask, causal=is_causal, scale=scale)
+    # per shard of batch and heads when the operands are sharded (spmd_kernels)
+    return spmd_kernels.flash_attention_fwd(query, key, value, attn_mask, causal=is_causal,
+                                            scale=scale)
 
 
 def _bwd_supports(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
@@ -38,8 +41,8 @@ def _bwd_supports(grad_out, query, key, value, out, logsumexp, dropout_p, is_cau
             supports=_bwd_supports, static=("dropout_p", "scale"))
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
                         attn_mask=None, scale=None):
-    return kernel.flash_attention_bwd(grad_out, query, key, value, out, logsumexp, attn_mask,
-                                      causal=is_causal, scale=scale)
+    return spmd_kernels.flash_attention_bwd(grad_out, query, key, value, out, logsumexp,
+                                            attn_mask, causal=is_causal, scale=scale)
 
 
 # -- tpu_kernels::flash_attention: segment ids and sliding windows (SDPA cannot pass them) ---

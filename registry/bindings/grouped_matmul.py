@@ -2,8 +2,7 @@
 ``aten._grouped_mm`` (what ``F.grouped_mm`` reaches) for its 2-D x 3-D case with offsets."""
 from __future__ import annotations
 
-import jax.numpy as jnp
-
+from tpu_kernels import spmd_kernels
 from tpu_kernels.registry.kernel_modules import kernel_module
 from tpu_kernels.registry.decorator import tpu_kernel
 from tpu_kernels.registry.dtypes import to_jax_dtype
@@ -35,6 +34,5 @@ def _grouped_mm_supports(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
 @tpu_kernel("aten::_grouped_mm", kind="pallas", supports=_grouped_mm_supports)
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    # offs are the groups' cumulative ends; the kernel takes their sizes
-    sizes = jnp.diff(offs.astype(jnp.int32), prepend=jnp.zeros((1,), jnp.int32))
-    return gmm.ragged_dot(mat_a, mat_b, sizes)
+    # offs are the groups' cumulative row ends; per shard of experts when mat_b is sharded
+    return spmd_kernels.grouped_matmul(mat_a, mat_b, offs)

@@ -78,9 +78,11 @@ def _pod(args: argparse.Namespace) -> int:
         with open(args.hlo, "w") as f:
             f.write(report.hlo)
     if args.json:
-        # the compile's own peak memory on this machine, to plan a larger one
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps(dict(report.as_json(), max_rss_bytes=rss), indent=1))
+        # the compile's own peak memory and CPU time on this machine, to plan a larger one
+        # (CPU, not wall clock: on a loaded machine the wall clock says little)
+        use = resource.getrusage(resource.RUSAGE_SELF)
+        print(json.dumps(dict(report.as_json(), max_rss_bytes=use.ru_maxrss * 1024,
+                              cpu_seconds=round(use.ru_utime + use.ru_stime, 1)), indent=1))
     else:
         print(report.format())
     return 0 if report.fits else 1

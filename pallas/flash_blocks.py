@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -152,14 +153,16 @@ jax.tree_util.register_dataclass(Tables, data_fields=["row_lo", "row_hi", "col_l
                                  meta_fields=["batched", "fraction"])
 
 
-def band(lay: Layout, causal: bool, window: int | None) -> np.ndarray:
+def band(lay: Layout, causal: bool, window: int | None, xp: Any = np) -> Any:
     """[nq, nk] bool: blocks with a kept entry under causal (top-left: col <= row) and
-    the sliding window (row - col < window), rows and cols within the true lengths."""
-    i = np.arange(lay.nq)[:, None]
-    j = np.arange(lay.nk)[None, :]
-    r0, r1 = i * lay.bq, np.minimum(i * lay.bq + lay.bq, lay.sq) - 1
-    c0, c1 = j * lay.bk, np.minimum(j * lay.bk + lay.bk, lay.skv) - 1
-    need = np.ones((lay.nq, lay.nk), bool)
+    the sliding window (row - col < window), rows and cols within the true lengths.
+    ``xp=jnp`` builds it from iotas inside a trace: no array constant (which
+    ``custom_partitioning``, spmd_kernels, refuses)."""
+    i = xp.arange(lay.nq)[:, None]
+    j = xp.arange(lay.nk)[None, :]
+    r0, r1 = i * lay.bq, xp.minimum(i * lay.bq + lay.bq, lay.sq) - 1
+    c0, c1 = j * lay.bk, xp.minimum(j * lay.bk + lay.bk, lay.skv) - 1
+    need = xp.ones((lay.nq, lay.nk), bool)
     if causal:
         need &= c0 <= r1
     if window is not None:
@@ -193,9 +196,8 @@ def tables(lay: Layout, causal: bool, window: int | None,
     """Block tables from the structural masks; ``q_ids [b, sq]``, ``kv_ids [b, skv]``
     int32 segment ids (both or neither): q and kv blocks whose id ranges do not overlap
     are skipped."""
-    need_np = band(lay, causal, window)
-    fraction = float(need_np.mean())
-    need = jnp.asarray(need_np)[None]
+    fraction = float(band(lay, causal, window).mean())
+    need = band(lay, causal, window, jnp)[None]
     if q_ids is not None:
         qlo, qhi = _block_ids(q_ids, lay.sq, lay.bq, lay.nq)
         klo, khi = _block_ids(kv_ids, lay.skv, lay.bk, lay.nk)

@@ -12,7 +12,8 @@ from tpu_kernels import bench, helion_kernels, pallas, registry
 
 LAYERS = [
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
-    ("registry", ("tpu_kernels.registry",)),
+    # spmd_kernels: the bindings' kernels partitioned per shard (custom_partitioning)
+    ("registry", ("tpu_kernels.registry", "tpu_kernels.spmd_kernels")),
     ("base", ("tpu_kernels.platform", "tpu_kernels.lru", "tpu_kernels.inflight", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
               "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.device")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.strided", "tpu_kernels.storage")),

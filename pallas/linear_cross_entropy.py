@@ -89,11 +89,7 @@ def block_sizes(n: int, h: int, vocab: int, dtype, chip: tpu_info.Chip) -> tuple
     bn = min(want, round_up(n, sub))
     bv = min(_VOCAB_BLOCK, round_up(vocab, 128))
     budget = vmem_budget(chip)
-    while vmem_bytes(bn, bv, h, dtype) > budget and bv > 128:
-        bv //= 2
-    while vmem_bytes(bn, bv, h, dtype) > budget and bn > sub:
-        bn = max(sub, round_up(bn // 2, sub))
-    return bn, bv
+    return _shrink(bn, bv, sub, lambda bn, bv: vmem_bytes(bn, bv, h, dtype) <= budget)
 
 
 def bwd_block_sizes(n: int, h: int, chunk: int, dtype, chip: tpu_info.Chip) -> tuple[int, int]:
@@ -107,9 +103,14 @@ def bwd_block_sizes(n: int, h: int, chunk: int, dtype, chip: tpu_info.Chip) -> t
               _BWD_VOCAB_BLOCKS[-1])
     bv, bn = min(bv, cap), min(_BWD_ROW_BLOCK, round_up(n, sub))
     budget = vmem_budget(chip)
-    while bwd_vmem_bytes(bn, bv, h, dtype) > budget and bv > 128:
+    return _shrink(bn, bv, sub, lambda bn, bv: bwd_vmem_bytes(bn, bv, h, dtype) <= budget)
+
+
+def _shrink(bn: int, bv: int, sub: int, fits) -> tuple[int, int]:
+    """Halve bv (down to 128), then bn (down to the sublane tile), until ``fits(bn, bv)``."""
+    while not fits(bn, bv) and bv > 128:
         bv //= 2
-    while bwd_vmem_bytes(bn, bv, h, dtype) > budget and bn > sub:
+    while not fits(bn, bv) and bn > sub:
         bn = max(sub, round_up(bn // 2, sub))
     return bn, bv
 

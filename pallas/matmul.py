@@ -177,7 +177,7 @@ def _mask_k(x, axis: int, kk, bk: int, k: int):
     return jnp.where(idx < k, x, jnp.zeros_like(x))
 
 
-def _kernel(*refs, precision, alpha, beta, has_bias, transpose_a, transpose_b, k, bk):
+def _kernel(*refs, precision, alpha, beta, has_bias, transpose_a, transpose_b, k, bk, upcast):
     if has_bias:
         a_ref, b_ref, bias_ref, o_ref, acc_ref = refs
     else:
@@ -193,6 +193,8 @@ def _kernel(*refs, precision, alpha, beta, has_bias, transpose_a, transpose_b, k
         a, b = a_ref[...], b_ref[...]
         if ragged:
             a, b = _mask_k(a, a_k, kk, bk, k), _mask_k(b, b_k, kk, bk, k)
+        if upcast:    # interpret mode: XLA's CPU dot has no bf16 x bf16 -> f32 once a transpose
+            a, b = a.astype(jnp.float32), b.astype(jnp.float32)    # folds into it; exact products
         acc_ref[...] += jax.lax.dot_general(a, b, (((a_k,), (b_k,)), ((), ())),
                                             precision=precision,
                                             preferred_element_type=jnp.float32)
@@ -251,7 +253,8 @@ def _tiled(a, b, bias, *, blocks, precision, alpha, beta, transpose_a, transpose
         bias_block = tpu_info.tile_bytes(block, bias.dtype)
     kernel = functools.partial(_kernel, precision=precision, alpha=alpha, beta=beta,
                                has_bias=bias is not None, transpose_a=transpose_a,
-                               transpose_b=transpose_b, k=k, bk=bk)
+                               transpose_b=transpose_b, k=k, bk=bk,
+                               upcast=target.interpret and a.dtype == jnp.bfloat16)
     return pallas_call(
         kernel,
         target=target,

@@ -18,7 +18,8 @@ from tpu_kernels.registry.opnames import resolve_overload
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPERS = {"tpu_kernels.pallas.tpu_info", "tpu_kernels.pallas.launch", "tpu_kernels.pallas.reference",
            "tpu_kernels.helion_kernels._common", "tpu_kernels.pallas.flex_blocks",
-           "tpu_kernels.pallas.flash_blocks", "tpu_kernels.pallas.flash_kernels"}
+           "tpu_kernels.pallas.flash_blocks", "tpu_kernels.pallas.flash_kernels",
+           "tpu_kernels.pallas.tuned"}
 
 def _modules(pkg) -> set[str]:
     return {f"{pkg.__name__}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__)}

@@ -46,7 +46,8 @@ def test_every_kernel_module_has_a_case():
     names = " ".join(c.name for c in cases.cases(thorough=True))
     modules = [m.name for pkg in (pallas_pkg, helion_pkg) for m in pkgutil.iter_modules(pkg.__path__)
                if not m.name.startswith("_") and m.name not in
-               ("tpu_info", "launch", "reference", "flex_blocks", "flash_blocks", "flash_kernels")]
+               ("tpu_info", "launch", "reference", "flex_blocks", "flash_blocks", "flash_kernels",
+                                            "tuned")]
     aliases = {"grouped_matmul": "ragged_dot", "fused_adam": "fused_adamw", "glu": "swiglu"}
     # compiled by their own test: the score/mask mods are traced from torch functions
     elsewhere = {"flex_attention": "tests/kernels/test_flex_attention_compile.py"}

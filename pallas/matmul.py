@@ -59,7 +59,9 @@ def vmem_bytes(blocks: Blocks, dtype, out_dtype=None, bias_bytes: int = 0) -> in
     128) tiles) + the f32 accumulator."""
     bm, bn, bk = blocks
     tile = tpu_info.tile_bytes
-    return (2 * (tile((bm, bk), dtype) + tile((bk, bn), dtype))
+    # f32 operands at HIGHEST precision: Mosaic splits each block into bf16 parts in VMEM
+    split = tile((bm, bk), dtype) + tile((bk, bn), dtype) if jnp.dtype(dtype) == jnp.float32 else 0
+    return (2 * (tile((bm, bk), dtype) + tile((bk, bn), dtype)) + split
             + 2 * tile((bm, bn), out_dtype or dtype) + tile((bm, bn), jnp.float32)
             + 2 * bias_bytes)
 

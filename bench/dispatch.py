@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -151,9 +152,10 @@ DEFERRED = {"small GPT forward": _gpt_forward, "small GPT training step": _gpt_s
 
 def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> dict[str, dict]:
     """Seconds per call of each fn (result waited for), ``rounds * iters`` calls of each,
-    alternating call by call, the order rotating each time: each side follows every other
-    side equally often (torch CPU's worker threads spin on after its call and slow whatever
-    runs next: with a fixed order, one side would always pay for that)."""
+    alternating call by call, the order running through every permutation of the sides:
+    each side follows every other side equally often (torch CPU's worker threads spin on
+    after its call and slow whatever runs next; a rotation of three sides keeps their cyclic
+    order, so "jit" followed torch CPU in two rounds of three and "tpu" in one)."""
     first = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
@@ -163,10 +165,9 @@ def side_by_side(fns: dict[str, Callable[[], Any]], rounds: int, iters: int) -> 
             sync(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
     cpu: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    orders = list(itertools.permutations(fns))
     for i in range(rounds * iters):   # call by call, so a load spike hits every side alike
-        k = i % len(names)
-        for name in names[k:] + names[:k]:
+        for name in orders[i % len(orders)]:
             fn = fns[name]
             t0, c0 = time.perf_counter(), time.process_time()
             sync(fn())

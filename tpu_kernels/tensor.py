@@ -20,6 +20,7 @@ from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_kernels.storage import Storage, read_view, to_torch, write_view
 
+_compiler = torch.compiler
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
@@ -56,8 +57,10 @@ class _ShadowSlot:
 class TpuTensor(torch.Tensor):
     """A tensor on the ``tpu`` device. Use ``t.jax()`` for its value as a jax.Array."""
     _tpu_storage: Storage | None     # None: a traced tensor (inside torch.compile)
-    _tpu_direct: bool                # the tensor is its storage's whole array, same shape
-    _tpu_cache: tuple[int, jax.Array] | None
+    # the tensor is its storage's whole array, same shape; class defaults (what
+    # ``wrap_known``'s results have) spare the hot path two attribute writes
+    _tpu_direct: bool = True
+    _tpu_cache: tuple[int, jax.Array] | None = None   # a view's value, per storage version
 
     @staticmethod
     def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
@@ -96,8 +99,9 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        # inside torch.compile's tracing (the scan is skipped on eager's hot path)
-        if torch.compiler.is_compiling():
+        # inside torch.compile's tracing (the scan is skipped on eager's hot path); the flag
+        # is what torch.compiler.is_compiling() returns outside TorchScript, two calls less
+        if _compiler._is_compiling_flag:
             if _is_traced(args, kwargs):
                 return _run_on_shadows(func, args, kwargs)
             if func in _LIFTS:
@@ -281,16 +285,20 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> TpuTensor:
     return TpuTensor(Storage(array), array.shape, None, 0, dtype)
 
 
-def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype, nbytes: int) -> TpuTensor:
+def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype, nbytes: int,
+               index: int | None = None) -> TpuTensor:
     """``wrap`` for the hot path: ``array`` is known to have shape ``size`` (non-empty),
-    contiguous ``stride``, torch dtype ``dtype`` and ``nbytes`` bytes, so nothing is
-    recomputed."""
-    st = Storage(array, None, nbytes)
-    r = torch.Tensor._make_wrapper_subclass(TpuTensor, size, strides=stride, dtype=dtype, device=DEVICES[st.index])
+    contiguous ``stride``, torch dtype ``dtype`` and ``nbytes`` bytes (and, given
+    ``index``, to be on tpu ``index``), so nothing is recomputed. ``_tpu_direct`` and
+    ``_tpu_cache`` keep their class defaults (True, None): two attribute writes less;
+    torch makes the contiguous strides itself (cheaper than parsing ``stride``)."""
+    st = Storage(array, index, nbytes)
+    r = _new_wrapper(TpuTensor, size, dtype=dtype, device=DEVICES[st.index])
     r._tpu_storage = st
-    r._tpu_direct = True
-    r._tpu_cache = None
     return r
+
+
+_new_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def read(t: TpuTensor) -> jax.Array:

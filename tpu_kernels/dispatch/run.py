@@ -77,10 +77,33 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
                 dyn = [read(args[i]) if type(args[i]) is TpuTensor else args[i] for i in pos]
             else:
                 dyn = [leaf_value(args[i], f or None) for i, f in zip(pos, folded)]
-            if single is None or graph_trace.active() is not None:
+            if single is None or _TRACE.trace is not None or _LAZY.depth or inflight._on:
                 return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
-            return wrap_known(execute(op, compiled, dyn, args, {})[0], *single)
+            # plain eager, one result: ``execute`` and ``finish`` inlined (each frame counts here)
+            try:
+                out, flags = compiled.fn(*dyn)
+            except Exception as exc:
+                err = _translated(op, args, {}, exc)
+                if err is exc:
+                    raise
+                raise err from exc
+            if flags is not None:
+                errors.watch(flags, str(op), compiled.fn.checks)
+            # a FAST hit has the devices of its first call, which ``same_device`` checked:
+            # the result is on the first tensor's device
+            return wrap_known(out[0], *single, _device_index(args))
     return run_call(op, args, kwargs)
+
+
+_TRACE = graph_trace._local   # ``.trace``: graph_trace.active() without its call
+_LAZY = lazy._STATE           # ``.depth``: lazy.recording() without its call
+
+
+def _device_index(args: tuple) -> int:
+    for a in args:
+        if type(a) is TpuTensor:
+            return a._tpu_storage.index
+    raise AssertionError("a FAST hit always has a tpu tensor argument")  # fast_key: else not indexed
 
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:

@@ -22,6 +22,7 @@ from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import SCALAR, SLOT, TENSOR, op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
+from tpu_kernels.lazy import Lazy
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
@@ -74,7 +75,7 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
             if folded is None:
-                dyn = [read(args[i]) if type(args[i]) is TpuTensor else args[i] for i in pos]
+                dyn = _values(args, pos)
             else:
                 dyn = [leaf_value(args[i], f or None) for i, f in zip(pos, folded)]
             if single is None or _TRACE.trace is not None or _LAZY.depth or inflight._on:
@@ -97,6 +98,23 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 _TRACE = graph_trace._local   # ``.trace``: graph_trace.active() without its call
 _LAZY = lazy._STATE           # ``.depth``: lazy.recording() without its call
+
+
+def _values(args: tuple, pos: tuple) -> list:
+    """The leaves at ``pos``: each tensor ``read`` (a whole-storage tensor's array without
+    its three calls), numbers as they are."""
+    out = []
+    for i in pos:
+        a = args[i]
+        if type(a) is TpuTensor:
+            if a._tpu_direct:
+                a = a._tpu_storage.array
+                if type(a) is Lazy and not _LAZY.depth:   # tensor._settle
+                    a = lazy.concrete(a)
+            else:
+                a = read(a)
+        out.append(a)
+    return out
 
 
 def _device_index(args: tuple) -> int:

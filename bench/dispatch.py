@@ -9,7 +9,8 @@ Rows (every ratio is a cost ratio: lower is better, and all come from this one r
   the dispatch floor) and that jit call vs torch CPU (``jit/cpu``: XLA's CPU code itself);
 - deferred mode vs plain eager on the small GPT forward, its training step and a tiny
   Llama's training step (``deferred/eager``; 0.67 is a 1.5x gain);
-- the stage split of an eager add (``dispatch_stages.py``);
+- the stage split of an eager add (``dispatch_stages.py``), in wall time and in the
+  calling thread's CPU time (steady when the machine is loaded);
 - with ``--first-call``: the decoder forward's first call in a fresh process, with an
   empty persistent compile cache (cold) and again with the one that run left (warm).
 Timings alternate between the sides of a ratio call by call and take the median of
@@ -264,9 +265,10 @@ def run(quick: bool = False, first: bool = False, out: Callable[[str], None] = p
                               "rows": eager_rows(rounds, iters, out)}
     result["rows"] += deferred_rows(rounds, max(iters // 4, 3), out)
     result["stages_us"] = dispatch_stages.stage_split(n=200 if quick else 2000, rounds=1 if quick else 3)
-    out("eager add 64x64, microseconds per stage (every cache hit):")
+    result["stages_thread_us"] = dispatch_stages.thread_split(n=200 if quick else 1000, rounds=3 if quick else 7)
+    out("eager add 64x64, microseconds per stage (every cache hit): wall (waited for), thread CPU (not waited for)")
     for k, v in result["stages_us"].items():
-        out(f"  {k:<50} {v:>8.2f}")
+        out(f"  {k:<54} {v:>8.2f} {result['stages_thread_us'][k]:>8.2f}")
     if first:
         result["first_call_s"] = first_call(out)
     return result

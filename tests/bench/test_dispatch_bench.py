@@ -39,3 +39,10 @@ def test_stage_split_covers_the_hot_path():
                  "5 wrap results", "bare jax.jit call (floor)", "whole op (a + b)"):
         assert stages[name] >= 0.0, name
     assert stages["whole op (a + b)"] > 0.0 and stages["bare jax.jit call (floor)"] > 0.0
+
+
+def test_thread_split_has_the_same_stages():
+    wall = dispatch_stages.stage_split(n=5, rounds=1)
+    cpu = dispatch_stages.thread_split(n=20, rounds=1)
+    assert set(cpu) == set(wall)
+    assert cpu["whole op (a + b)"] > 0.0 and all(v >= 0.0 for v in cpu.values())

@@ -34,6 +34,9 @@ class Storage:
         self.shadow = None   # a memory-less torch storage standing for it under torch.compile
         self.index = devices.index_of_array(array) if index is None else index
         # ``nbytes`` known (the dispatcher's hot path): a jax array's own is a Python property
+        # that canonicalizes its dtype (about 3 us an array); a plain dtype's item size is cheap
+        if nbytes is None and type(array.dtype) is np.dtype:
+            nbytes = math.prod(array.shape) * array.dtype.itemsize
         self.nbytes = memory.allocate(self.index, array, nbytes)
         self.placement = None   # a sharding every write keeps (``place``), else None
 

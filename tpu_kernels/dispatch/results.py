@@ -2,9 +2,11 @@
 aliased inputs returned as themselves, mutated arguments written in place."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 from tpu_kernels import strided
@@ -12,6 +14,7 @@ from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
 from tpu_kernels.dispatch.plan import OpPlan
+from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_dense
 from tpu_kernels.tensor import TpuTensor, read, wrap, wrap_known, write
 
@@ -24,7 +27,13 @@ def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     plan = compiled.plan
     eager = compiled.impl.data_dependent
     if not plan.mutated:
-        return wrap_tree(out) if eager else _wrap_like(compiled.result_meta, iter(out))
+        if eager:
+            return wrap_tree(out)
+        known = _known_outs(compiled)
+        if known is not None and not graph_trace.active():   # several plain results (layer norm's three)
+            geometries, kind = known
+            return kind(wrap_known(a, *g) for a, g in zip(out, geometries))
+        return _wrap_like(compiled.result_meta, iter(out))
     alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     it = iter(flatten(out) if eager else out)
     rets = [next(it) for _ in alias_free]
@@ -40,6 +49,37 @@ def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
             if target is not None and v is not None:
                 write(target, v)
     return returns(plan, args, kwargs, compiled.result_meta, rets)
+
+
+_UNSET = object()
+# CompiledCall -> what ``_known_outs`` found for it (weak: evicted calls drop out)
+_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _known_outs(compiled: CompiledCall) -> tuple | None:
+    """For an op returning a tuple (or list) of non-empty contiguous tensors and nothing
+    else: each one's (sizes, strides, dtype, bytes), and the container type, worked out
+    once per signature so ``wrap_known`` wraps them (``wrap_result`` redoes it per call);
+    None for any other return."""
+    found = _KNOWN.get(compiled, _UNSET)
+    if found is _UNSET:
+        found = _KNOWN[compiled] = _geometries(compiled.result_meta)
+    return found
+
+
+def _geometries(meta: Any) -> tuple | None:
+    if type(meta) not in (tuple, list) or not meta:
+        return None
+    out = []
+    for m in meta:
+        if not isinstance(m, torch.Tensor) or m.numel() == 0:
+            return None
+        size = tuple(m.shape)
+        stride = strided.contiguous_strides(size)
+        if tuple(m.stride()) != stride:
+            return None
+        out.append((size, stride, m.dtype, m.numel() * np.dtype(to_jax_dtype(m.dtype)).itemsize))
+    return tuple(out), type(meta)
 
 
 def returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:

@@ -19,7 +19,7 @@ from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, _matmul_precision, mode_token
 from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.meta import cpu_error
-from tpu_kernels.dispatch.plan import SCALAR, SLOT, TENSOR, op_plan
+from tpu_kernels.dispatch.plan import SCALAR, SLOT, STATIC, TENSOR, op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.lazy import Lazy
@@ -40,10 +40,13 @@ class _OpState:
         self.handler = r.impl.fn if r is not None else None
         self.plan = op_plan(op)
         self.kinds = self.plan.pos_kinds
-        self.codes = tuple(_TENSOR if k == TENSOR else _LEAF if k == SCALAR else 0 for k in self.kinds)
+        self.codes = tuple(_TENSOR if k == TENSOR else _LEAF if k == SCALAR else _STATIC if k == STATIC else 0
+                           for k in self.kinds)
 
 
-_TENSOR, _LEAF = 2, 1
+# per position: a tensor, a number that is a leaf, a static argument (an int list there is
+# keyed by value: layer norm's normalized_shape, a reduction's dims), anything else
+_TENSOR, _LEAF, _STATIC = 2, 1, -1
 _VIEW = object()   # in a fast key: the view geometry of the tensor before it follows
 
 
@@ -125,10 +128,12 @@ def _device_index(args: tuple) -> int:
 
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:
-    """The FAST key of a call of positional tpu tensors and numbers: per argument, a
-    tensor's sizes, dtype and device index, a number's type and (where ``split`` does not
-    make it a leaf) value, or None; the call is not indexed (None) for any other argument.
-    Equal keys mean equal ``lookup`` keys (the op state stands for the registry epoch)."""
+    """The FAST key of a call of positional tpu tensors, numbers and static int lists: per
+    argument, a tensor's sizes, dtype and device index, a number's type and (where
+    ``split`` does not make it a leaf) value, a static int list's values, or None; the call
+    is not indexed (None) for any other argument. Equal keys mean equal ``lookup`` keys
+    (the op state stands for the registry epoch; ``split`` freezes a static list into the
+    tuple of its values)."""
     key = [s, _matmul_precision(), INDEX_CHECKS.on]
     for a, code in zip(args, s.codes):
         t = type(a)
@@ -139,9 +144,14 @@ def fast_key(s: _OpState, args: tuple) -> tuple | None:
             if not a._tpu_direct:   # a view: its program may read it from the storage
                 key += (_VIEW, a.stride(), a.storage_offset(), a._tpu_storage.array.shape, a._tpu_storage.array.dtype)
         elif t is float or t is int or t is bool:
-            key += (t, SLOT if code else a)
+            key += (t, SLOT if code > 0 else a)
         elif a is None:
             key.append(None)
+        elif code == _STATIC and (t is list or t is tuple):
+            for x in a:
+                if type(x) is not int:
+                    return None
+            key += (tuple, tuple(a))
         else:
             return None
     return tuple(key)

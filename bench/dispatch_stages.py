@@ -79,8 +79,9 @@ def _stages() -> dict[str, Callable[[], Any]]:
         "1 pending errors + op state (runtime handler)": lambda: (errors.pending(), _run._state(op).handler),
         "2 signature + cache lookup": lambda: cache.FAST.get(_run.fast_key(state, args)),
         "3 read inputs": lambda: _run._values(args, pos),
-        # the jitted function, as the hot path calls it (``execute`` adds only attribute checks)
-        "4 executable call": lambda: compiled.fn(*dyn),
+        # the jitted function, as the hot path calls it (``execute`` adds only attribute
+        # checks); its results list, which ``_wait`` waits for (a tuple it would not)
+        "4 executable call": lambda: compiled.fn(*dyn)[0],
         "5 wrap results": lambda: finish(compiled, args, kw, out),
         "first call of a shape: full signature + CALLS lookup": lambda: _run.lookup(op, args, kw)[:2],
     }

@@ -103,23 +103,29 @@ class Entry:
     def runner(self, jitted: Callable, loaded: dict | None, result_meta: Any, func_outs: list) -> Callable:
         """What the signature runs: its executable (the loaded one, or compiled and stored at
         the first call) for arrays; ``jitted`` for traced arguments. Carries ``.checks``."""
-        state: list[Any] = [loaded["exe"] if loaded is not None else None]
-
-        def run(*dyn: Any) -> Any:
-            exe = state[0]
-            if exe is None:
-                if _traced(dyn):
-                    return jitted(*dyn)
+        def first(*dyn: Any) -> Any:
+            if _traced(dyn):
+                return jitted(*dyn)
+            if loaded is not None:
+                exe = loaded["exe"]
+            else:
                 try:
                     exe, fresh = _compile_fresh(jitted, dyn)
                 except Exception:  # noqa: BLE001 - the jitted call raises it again, as before
                     state[0] = jitted
                     return jitted(*dyn)
-                state[0] = exe
                 if fresh:
                     self.store(exe, jitted.checks, result_meta, func_outs)
+            out = exe(*dyn)
+            # the executable's C++ call, without ``Compiled.__call__``'s Python frame
+            state[0] = getattr(exe, "_call", None) or exe
+            return out
+
+        state: list[Callable] = [first]
+
+        def run(*dyn: Any) -> Any:
             try:
-                return exe(*dyn)
+                return state[0](*dyn)
             except TypeError:   # tracers, or arrays of another weak type: jit's own paths
                 return jitted(*dyn)
 

@@ -135,9 +135,10 @@ class Entry:
 
 # XLA:CPU loses an executable's code when one read back from a serialization is serialized
 # again (running it fails: "Function ... not found"), so what this cache stores is always
-# freshly compiled: under a compile option of its own (its JAX cache key differs from the
-# plain jit's), never written to JAX's persistent cache, and a JAX cache hit seen while
-# compiling (from an older writer) means the result is used but not stored.
+# freshly compiled. The first compile is the plain one (a miss in JAX's persistent cache
+# compiles and writes there as before); when it was read back from JAX's cache instead, a
+# second compile under a compile option of its own (its own JAX cache key, never written
+# there) gives the executable to store.
 _FRESH = {"xla_embed_ir_in_executable": False}   # XLA's default: changes only the key
 _LOCAL = threading.local()
 
@@ -151,12 +152,17 @@ jax.monitoring.register_event_listener(_on_event)
 
 
 def _compile_fresh(jitted: Callable, dyn: tuple) -> tuple[Any, bool]:
-    """(the signature's compiled executable, whether it was compiled here, not read back)."""
+    """(the signature's executable, whether it can be stored: compiled here, not read back)."""
     _LOCAL.hits = 0
     try:
+        lowered = jitted.lower(*dyn)
+        exe = lowered.compile()
+        if _LOCAL.hits == 0:
+            return exe, True
+        _LOCAL.hits = 0
         with _no_jax_cache_write():
-            exe = jitted.lower(*dyn).compile(compiler_options=_FRESH)
-        return exe, _LOCAL.hits == 0
+            fresh = lowered.compile(compiler_options=_FRESH)
+        return (fresh, True) if _LOCAL.hits == 0 else (exe, False)
     finally:
         _LOCAL.hits = None
 

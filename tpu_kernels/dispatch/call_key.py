@@ -88,9 +88,18 @@ def _encode(v: Any) -> str:
     raise Unkeyable(t)
 
 
+_ENV_SEEN: list = [None, ""]   # the environment last read, and its part of the key
+
+
 def _env() -> str:
-    return repr(sorted((k, v) for k, v in os.environ.items()
-                       if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED))
+    """The key's environment part, read again whenever the environment changed."""
+    data = getattr(os.environ, "_data", None)   # CPython's raw mapping: compared at C speed
+    snap = tuple(data.items()) if isinstance(data, dict) else None
+    if snap is None or snap != _ENV_SEEN[0]:
+        text = repr(sorted((k, v) for k, v in os.environ.items()
+                           if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED))
+        _ENV_SEEN[:] = [snap, text]
+    return _ENV_SEEN[1]
 
 
 @functools.lru_cache(maxsize=1)

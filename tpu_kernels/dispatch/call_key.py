@@ -2,7 +2,7 @@
 
 Everything that decides what a call signature's program is goes into the key's text: the
 op, the impl the route chose (a function of this package), the call's template and leaf
-geometry, the settings read while tracing, the ``TPU_KERNELS_*``/``JAX_*``/``XLA_*``
+geometry, the settings read while tracing (``_settings``), the ``TPU_KERNELS_*``/``JAX_*``/``XLA_*``
 environment, the jax/jaxlib/torch/numpy/Python versions, the platform and its version,
 and this package's files (path, size, modification time: an edited source file makes a
 new key). A call whose key cannot be written exactly (an argument of an unknown type, a
@@ -24,7 +24,8 @@ import torch
 from tpu_kernels.dispatch.cache import _matmul_precision
 from tpu_kernels.dispatch.plan import SLOT, OpPlan
 from tpu_kernels.dispatch.signature import split
-from tpu_kernels.registry import Impl
+from tpu_kernels.pallas.tpu_info import pinned
+from tpu_kernels.registry import REGISTRY, Impl
 from tpu_kernels.registry.context import INDEX_CHECKS
 
 FORMAT = "tpu_kernels-call-cache/1"
@@ -52,12 +53,23 @@ def key_text(op: Any, route_kind: str, impl: Impl, plan: OpPlan, args: tuple, kw
     if _tensors((args, kwargs)) != sum(isinstance(v, torch.Tensor) for v in sp.leaves):
         return None   # a tensor in a non-tensor slot: the template names it by identity
     try:
-        parts = [FORMAT, _fixed(), _env(), _encode((_matmul_precision(), INDEX_CHECKS.on)),
+        parts = [FORMAT, _fixed(), _env(), _settings(),
                  str(op), route_kind, impl.kind, impl.name, f"{module}.{impl.fn.__qualname__}",
                  _encode(targs), _encode(tkw), _encode(tuple(sp.sig))]
     except Unkeyable:
         return None
     return "\n".join(parts)
+
+
+def _settings() -> str:
+    """What the dispatcher and the kernels read while tracing, besides the environment:
+    the matmul precision, the index checks, the registry's disabled kinds and interpret
+    switch, the chip ``compile_for`` names, the tuned block tables' switch."""
+    switches = REGISTRY.switches()
+    chip = pinned()
+    tuned = sys.modules.get("tpu_kernels.pallas.tuned")   # not imported: nothing turned it off
+    return repr((_matmul_precision(), INDEX_CHECKS.on, sorted(switches[1]), switches[2],
+                 None if chip is None else chip.name, tuned is not None and tuned._OFF.get()))
 
 
 def _tensors(x: Any) -> int:

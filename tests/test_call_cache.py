@@ -88,3 +88,15 @@ def test_entries_load_only_intact_and_for_their_key(tmp_path):
     with open(entry.path, "wb") as dst:
         dst.write(bytes(blob))
     assert entry.load() is None                     # damaged
+
+
+def test_pruning_removes_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_KERNELS_CALL_CACHE_MB", str(10 / 1024))   # 10 KiB
+    for i in range(6):
+        p = tmp_path / f"{i}.call"
+        p.write_bytes(b"x" * 3000)
+        os.utime(p, (1000 + i, 1000 + i))
+    (tmp_path / "dead.tmp").write_bytes(b"x")
+    os.utime(tmp_path / "dead.tmp", (1000, 1000))
+    call_cache._prune_once(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4.call", "5.call"]   # 6 KiB <= 7.5 KiB

@@ -25,6 +25,7 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 from typing import Any, Callable
 
 import jax
@@ -72,6 +73,7 @@ class Entry:
             got = pickle.loads(payload)
             if got["key"] != self.key:
                 raise ValueError("another key")
+            _touch(self.path)
             return {"exe": serialize_executable.deserialize_and_load(*got["exe"]),
                     "checks": [(_exception(m, q), msg) for m, q, msg in got["checks"]],
                     "result_meta": _decode(got["result"]),
@@ -97,6 +99,7 @@ class Entry:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, self.path)
+            _prune_once(os.path.dirname(self.path))
         except Exception as exc:  # noqa: BLE001 - not kept: the next process compiles again
             log.debug("tpu_kernels call cache: not storing %s (%s: %s)", self.path, type(exc).__name__, exc)
 
@@ -106,9 +109,7 @@ class Entry:
         def first(*dyn: Any) -> Any:
             if _traced(dyn):
                 return jitted(*dyn)
-            if loaded is not None:
-                exe = loaded["exe"]
-            else:
+            if loaded is None:
                 try:
                     exe, fresh = _compile_fresh(jitted, dyn)
                 except Exception:  # noqa: BLE001 - the jitted call raises it again, as before
@@ -116,8 +117,20 @@ class Entry:
                     return jitted(*dyn)
                 if fresh:
                     self.store(exe, jitted.checks, result_meta, func_outs)
-            out = exe(*dyn)
-            # the executable's C++ call, without ``Compiled.__call__``'s Python frame
+                out = exe(*dyn)
+            else:
+                exe = loaded["exe"]
+                try:
+                    out = exe(*dyn)
+                except TypeError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - as if there were no entry: the
+                    log.warning("tpu_kernels call cache: dropping entry %s, its executable "
+                                "failed (%s: %s)", self.path, type(exc).__name__, exc)
+                    _remove(self.path)   # jitted call raises a genuine error again
+                    state[0] = jitted
+                    return jitted(*dyn)
+            # from now on the executable's C++ call, without ``Compiled.__call__``'s frame
             state[0] = getattr(exe, "_call", None) or exe
             return out
 
@@ -171,6 +184,52 @@ def _no_jax_cache_write():
     """JAX writes an executable to its cache when it took at least this long to compile."""
     state = getattr(jax_config, "persistent_cache_min_compile_time_secs", None)
     return state(float("inf")) if callable(state) else contextlib.nullcontext()
+
+
+LIMIT_MB = 1024   # TPU_KERNELS_CALL_CACHE_MB: above this, the least recently used go
+_pruned: list[str] = []
+
+
+def _touch(path: str) -> None:
+    """Mark an entry used (its modification time orders what pruning removes)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _prune_once(where: str) -> None:
+    """Once per process (at its first store): when the entries pass the size limit, remove
+    the least recently used down to three quarters of it, and temporary files of writers
+    that died (an hour old)."""
+    if where in _pruned:
+        return
+    _pruned.append(where)
+    limit = float(os.environ.get("TPU_KERNELS_CALL_CACHE_MB", LIMIT_MB)) * 2**20
+    now = time.time()
+    entries = []
+    with os.scandir(where) as it:
+        for e in it:
+            st = e.stat()
+            if e.name.endswith(".tmp") and now - st.st_mtime > 3600:
+                _remove(e.path)
+            elif e.name.endswith(".call"):
+                entries.append((st.st_mtime, st.st_size, e.path))
+    total = sum(size for _, size, _ in entries)
+    if total <= limit:
+        return
+    for _, size, path in sorted(entries):   # oldest first
+        if total <= limit * 0.75:
+            break
+        _remove(path)
+        total -= size
 
 
 def _traced(dyn: tuple) -> bool:

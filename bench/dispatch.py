@@ -11,8 +11,9 @@ Rows (every ratio is a cost ratio: lower is better, and all come from this one r
   Llama's training step (``deferred/eager``; 0.67 is a 1.5x gain);
 - the stage split of an eager add (``dispatch_stages.py``), in wall time and in the
   calling thread's CPU time (steady when the machine is loaded);
-- with ``--first-call``: the decoder forward's first call in a fresh process, with an
-  empty persistent compile cache (cold) and again with the one that run left (warm).
+- with ``--first-call``: the decoder forward's first call in a fresh process, with empty
+  caches (cold), with the persistent caches that run left (warm), and with JAX's
+  persistent compile cache only (``first_call``).
 Timings alternate between the sides of a ratio call by call and take the median of
 every call, so a busy machine slows both sides alike; each row also gives the ratio of
 process CPU time (``cpu``), steadier than wall time when the machine is loaded. ``--compare OLD.json`` flags
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 from tpu_kernels.bench import dispatch_stages
 from tpu_kernels.bench.timing import sync
 from tpu_kernels.deferred_mode import deferred
+from tpu_kernels.dispatch import cache as dispatch_cache
 from tpu_kernels.models import GPT, GPTConfig
 from tpu_kernels.registry.xla.norm import native_layer_norm
 from tpu_kernels.registry.xla.softmax import softmax_along
@@ -218,33 +220,38 @@ def _line(r: dict) -> str:
 
 
 def first_call(out: Callable[[str], None]) -> dict[str, float]:
-    """The decoder forward's first call in a new process: cold, then warm compile cache;
-    each also after the process's one-time imports (``_first_call_child``). Wall seconds,
-    and process CPU seconds beside them (``*_cpu``: steadier on a loaded machine)."""
+    """The decoder forward's first call in a new process (``_first_call_child``): cold (empty
+    caches), warm (the caches the cold run left: JAX's persistent compile cache and the
+    call cache, ``dispatch/call_cache.py``), and warm with JAX's cache only
+    (``TPU_KERNELS_CALL_CACHE=0``, its own directory filled by one run first). Wall
+    seconds; beside them process CPU seconds (``*_cpu``: steadier on a loaded machine),
+    the programs traced (``*_traces``) and the 1-minute load average (``*_load``)."""
     res = {}
-    with tempfile.TemporaryDirectory() as cache_dir:
-        env = dict(os.environ, TPU_KERNELS_JAX_CACHE=cache_dir)
-        for label in ("cold", "warm", "warm, imports done"):
-            argv = ["--first-call-child"] + (["--imports-done"] if "imports" in label else [])
-            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", *argv],
+    with tempfile.TemporaryDirectory() as both, tempfile.TemporaryDirectory() as jax_only:
+        runs = [("cold", both, "1"), ("warm", both, "1"), (None, jax_only, "0"),
+                ("warm, JAX's cache only", jax_only, "0")]
+        for label, cache_dir, call_cache in runs:
+            env = dict(os.environ, TPU_KERNELS_JAX_CACHE=cache_dir, TPU_KERNELS_CALL_CACHE=call_cache)
+            proc = subprocess.run([sys.executable, "-m", "tpu_kernels.bench.dispatch", "--first-call-child"],
                                   env=env, capture_output=True, text=True, check=True)
-            wall, cpu = (float(x) for x in proc.stdout.strip().splitlines()[-1].split())
-            res[label], res[label + "_cpu"] = wall, cpu
-            out(f"decoder forward, first call, {label} compile cache: {wall:.3f} s (process CPU {cpu:.3f} s)")
+            if label is None:   # fills the JAX-only cache
+                continue
+            wall, cpu, traces = (float(x) for x in proc.stdout.strip().splitlines()[-1].split())
+            load = os.getloadavg()[0]
+            res[label], res[label + "_cpu"], res[label + "_traces"], res[label + "_load"] = wall, cpu, traces, load
+            out(f"decoder forward, first call, {label}: {wall:.3f} s (process CPU {cpu:.3f} s, "
+                f"{traces:.0f} programs traced, load average {load:.1f})")
     return res
 
 
-def _first_call_child(imports_done: bool) -> None:
-    """Time the decoder's first forward in this fresh process. ``imports_done``: import
-    ``torch._dynamo`` first, which torch itself imports at the first call of one of its
-    Python meta functions (``torch._disable_dynamo`` in the type-promotion wrapper), a
-    one-time process cost that whichever tpu op comes first pays."""
-    if imports_done:
-        import torch._dynamo  # noqa: F401
+def _first_call_child() -> None:
+    """Time the decoder's first forward in this fresh process: wall and process CPU
+    seconds and the number of programs traced."""
     fwd = _ops()["decoder (2 blocks, d256, b4 s128) forward"]("tpu")
     t0, c0 = time.perf_counter(), time.process_time()
     sync(fwd())
-    sys.stdout.write(f"{time.perf_counter() - t0} {time.process_time() - c0}\n")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    sys.stdout.write(f"{wall} {cpu} {sum(dispatch_cache.TRACES.values())}\n")
 
 
 def compare(new: dict, old: dict) -> list[str]:
@@ -281,10 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", help="a JSON file of an earlier run: flag ratios >10%% worse")
     p.add_argument("--first-call", action="store_true", help="time the decoder's first call, cold and warm")
     p.add_argument("--first-call-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--imports-done", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.first_call_child:
-        _first_call_child(args.imports_done)
+        _first_call_child()
         return 0
     result = run(args.quick, args.first_call)
     if args.json:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# tests count traces per signature: the persistent call cache (dispatch/call_cache.py) would
+# skip them in every run after the first; tests/test_call_cache.py turns it on
+os.environ.setdefault("TPU_KERNELS_CALL_CACHE", "0")
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from tpu_kernels import strided
+from tpu_kernels.dispatch import call_cache, call_key
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.fallback import decomposition_runner, run_on_cpu
 from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
@@ -37,16 +38,35 @@ def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> Compiled
     impl = r.impl
     if impl.data_dependent:
         return CompiledCall(impl, eager_fn(impl, targs, tkw, reads), plan, None, [])
-    result_meta = meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
-    outs = out_metas(result_meta)
-    guard_memory(op, outs)
-    # a twin's impl returns what the functional op returns
-    func_outs = out_metas(meta_call(r.functional, args, kwargs)) if r.kind == "twin" else outs
-    _check_inplace_cast(op, plan, args, kwargs)
+    entry = _cache_entry(r, plan, args, kwargs, targs, tkw)
+    loaded = entry.load() if entry is not None else None
+    if loaded is not None:   # a signature an earlier process ran: its metadata is known
+        result_meta, func_outs = loaded["result_meta"], loaded["func_outs"]
+        outs = out_metas(result_meta)
+        guard_memory(op, outs)
+    else:
+        result_meta = meta_result(op, impl, margs, mkwargs, targs, tkw, args, kwargs)
+        outs = out_metas(result_meta)
+        guard_memory(op, outs)
+        # a twin's impl returns what the functional op returns
+        func_outs = out_metas(meta_call(r.functional, args, kwargs)) if r.kind == "twin" else outs
+        _check_inplace_cast(op, plan, args, kwargs)
     write_dtypes = [_mutated_dtype(plan.arg(i, args, kwargs)) for i in plan.mutated]
-    fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads)
+    fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads,
+                checks=loaded["checks"] if loaded is not None else None)
+    if entry is not None:
+        fn = entry.runner(fn, loaded, result_meta, func_outs)
     _log(r)
     return CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
+
+
+def _cache_entry(r: Route, plan: OpPlan, args, kwargs, targs, tkw) -> call_cache.Entry | None:
+    """The signature's place in the persistent call cache, or None (off, or no exact key)."""
+    where = call_cache.directory()
+    if where is None:
+        return None
+    key = call_key.key_text(r.op, r.kind, r.impl, plan, args, kwargs, targs, tkw)
+    return call_cache.Entry(where, key) if key is not None else None
 
 
 def _single_out(plan: OpPlan, result_meta) -> tuple | None:

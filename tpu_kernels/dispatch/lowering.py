@@ -16,10 +16,12 @@ from tpu_kernels.registry.context import Call, lowering
 from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
-def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes, reads: tuple = ()) -> Callable:
+def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes, reads: tuple = (),
+           checks: list | None = None) -> Callable:
     """The jitted function for one call signature: reads the views it takes as their
     storages' arrays (``reads``), fills the template, lowers, casts.
-    It returns (results, check flags or None); ``.checks`` says what each flag means."""
+    It returns (results, check flags or None); ``.checks`` says what each flag means
+    (``checks``: what a persistent cache entry says, until a trace fills it again)."""
     n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     expect = [m for m in outs] if not plan.mutated else None
 
@@ -43,7 +45,7 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
         flags = jax.numpy.stack([bad for bad, _, _ in call.checks]) if call.checks else None
         return result, flags
 
-    checks: list = []   # filled at trace time: what each flag means
+    checks = [] if checks is None else checks   # filled at trace time: what each flag means
     jitted = jax.jit(lowered)
     jitted.checks = checks
     return jitted

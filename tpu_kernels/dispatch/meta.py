@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import torch
 
+from tpu_kernels.dispatch import dynamo_free
 from tpu_kernels.dispatch.devices import meta_of_cpu
 from tpu_kernels.dispatch.plan import op_plan
 from tpu_kernels.dispatch.signature import fill_call, split
@@ -32,6 +33,7 @@ def _to_meta(v: Any) -> Any:
 def meta_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The call with tpu tensors as meta tensors of the same geometry (what ``supports``
     predicates and torch's meta functions see)."""
+    dynamo_free.prepare()   # before the first meta function runs
     return tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
 
 

@@ -130,3 +130,23 @@ def test_guards_still_recompile_on_a_new_dtype_shape_layout_or_requires_grad():
     assert len(graphs) == len(inputs) + 1
     out.sum().backward()
     torch.testing.assert_close(w.grad.cpu(), torch.full((2, 3), 2.0))
+
+
+def test_the_current_stream_dynamo_asks_for_before_each_graph_is_not_traced():
+    """Dynamo's bytecode asks ``torch.accelerator.current_stream`` before every compiled
+    graph: the tpu answer is skipped by Dynamo (no frame of its own compiled) and right,
+    inside ``torch.tpu.stream`` too."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    torch._dynamo.utils.counters.clear()
+    f = torch.compile(lambda t: t + 1, backend="tpu")
+    x = torch.ones(3, device="tpu")
+    s = torch.tpu.Stream()
+    with torch.no_grad():
+        f(x)
+        with torch.tpu.stream(s):
+            out = f(x)
+            assert torch.accelerator.current_stream(torch.device("tpu", 0)) is s
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+    assert torch._dynamo.utils.counters["frames"]["total"] == 1
+    assert _debug_get_cache_entry_list(torch.accelerator.current_stream.__code__) == []
+    assert torch.accelerator.current_stream(torch.device("tpu", 0)) is torch.tpu.current_stream()

@@ -2,10 +2,16 @@
 
     python -m tpu_kernels.bench.compile_overhead [--calls 2000] [--clock cpu]
 
-For each case (a 64x64 add, a one-layer MLP, the small GPT's forward) it times, in µs per
-call (best of several rounds of ``--calls`` calls, the last result synced):
+For each case (a 64x64 add, a one-layer MLP, the small GPT's forward, and the MLP's forward
+with its parameters requiring grad: the training graph behind AOTAutograd's wrappers) it
+times, in µs per call (best of several rounds of ``--calls`` calls, the last result synced):
 
 - ``compiled``: the ``torch.compile``'d function as users call it;
+- ``frame``: the same function, arguments and guards compiled with a backend that runs
+  nothing (it returns the outputs of one real call): Dynamo's frame, its guards and the
+  bytecode it runs around the graph (the current-stream lookup it emits for an
+  accelerator); ``compiled - frame`` is the backend's call as it runs inside the frame;
+- ``guards``: Dynamo's guard check alone (its guard manager on the frame's locals);
 - ``aot``: AOTAutograd's compiled function on the arguments Dynamo gives it (what runs
   once the guards pass);
   ``compiled - aot`` is Dynamo's frame and guards;
@@ -16,7 +22,8 @@ call (best of several rounds of ``--calls`` calls, the last result synced):
 - ``exe``: the compiled XLA executable called directly: the program's own run time.
 
 ``overhead`` = compiled - exe (the issue's target: at most 20 µs). Eager is the same code
-op by op. Shared machines make absolute figures noisy: compare columns of one run;
+op by op. ``jit`` and ``exe`` are called back to back, which the CPU backend pipelines: a
+call between other Python work (as inside ``program`` or ``compiled``) costs it more. Shared machines make absolute figures noisy: compare columns of one run;
 ``--clock cpu`` times the calling thread's CPU time instead of wall time (the Python and
 dispatch work of each layer, steady on a loaded machine; the executable's own run on
 XLA's threads is then left out).
@@ -24,6 +31,7 @@ XLA's threads is then left out).
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from typing import Any, Callable
 
@@ -42,7 +50,9 @@ def _cases() -> dict[str, tuple[Callable, tuple]]:
         "add 64x64": (lambda a, b: a + b, (torch.randn(64, 64, device="tpu"), torch.randn(64, 64, device="tpu"))),
         "mlp 1 layer": (mlp, (torch.randn(8, 64, device="tpu"),)),
         "small gpt fwd": (gpt, (torch.randint(0, 256, (4, 32), device="tpu"),)),
+        "mlp grad fwd": (mlp, (torch.randn(8, 64, device="tpu"),)),
     }
+GRAD = {"mlp grad fwd"}   # run with grad on (parameters require grad): a training graph
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
@@ -60,6 +70,34 @@ def _per_call(f: Callable[[], Any], calls: int, rounds: int = 5, clock: str = "w
                                                 else o for o in (out if isinstance(out, (list, tuple)) else [out])]))
         best = min(best, (now() - t0) / calls)
     return best * 1e6
+
+
+class _Replay:
+    """A backend that runs nothing: its compiled graph returns ``outputs`` (Dynamo's
+    graph returns them as a list)."""
+
+    def __init__(self, outputs: list) -> None:
+        self.outputs = outputs
+
+    def __call__(self, gm, example_inputs, **kw):
+        return lambda *args: self.outputs
+
+
+def _guard_check(fn: Callable, args: tuple) -> Callable[[], Any] | None:
+    """Dynamo's guard check of ``fn``'s compiled frame on ``args`` (None if not found)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    code = getattr(target, "__code__", None)
+    entries = _debug_get_cache_entry_list(code) if code is not None else []
+    if not entries:
+        return None
+    bound = inspect.signature(target).bind(*args)
+    bound.apply_defaults()
+    f_locals = dict(bound.arguments)
+    if isinstance(fn, torch.nn.Module):
+        f_locals = {"self": fn, **f_locals}
+    manager = entries[0].guard_manager
+    return (lambda: manager.check(f_locals)) if manager.check(f_locals) else None
 
 
 class _Probe:
@@ -81,14 +119,28 @@ class _Probe:
         return self.aot(*args)
 
 
-def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall") -> dict[str, float]:
+def _frame(fn: Callable, args: tuple, calls: int, clock: str) -> dict[str, float]:
+    """``frame`` and ``guards``: ``fn`` compiled with a backend that runs nothing (the
+    frame, guards and bytecode of the real compile: same code, same arguments)."""
     torch._dynamo.reset()
-    probe = _Probe()
-    start = len(compile_backend.PROGRAMS)
-    compiled = torch.compile(fn, backend=probe)
-    with torch.no_grad():
+    out = fn(*args)
+    replay = torch.compile(fn, backend=_Replay([out] if isinstance(out, torch.Tensor) else list(out)))
+    replay(*args)
+    guards = _guard_check(fn, args)
+    row = {"frame": _per_call(lambda: replay(*args), calls, clock=clock)}
+    row["guards"] = _per_call(guards, calls, clock=clock) if guards else float("nan")
+    return row
+
+
+def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall") -> dict[str, float]:
+    with torch.set_grad_enabled(name in GRAD):
+        row = _frame(fn, args, calls, clock)
+        torch._dynamo.reset()
+        probe = _Probe()
+        start = len(compile_backend.PROGRAMS)
+        compiled = torch.compile(fn, backend=probe)
         compiled(*args)
-        (prog,) = compile_backend.PROGRAMS[start:]
+        prog = compile_backend.PROGRAMS[start]     # a training graph's forward comes first
         seen = []
         original = type(prog).__call__
         type(prog).__call__ = lambda self, *a: seen.append(a) or original(self, *a)
@@ -112,14 +164,14 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             "exe": lambda: exe(key, *arrays),
             "eager": lambda: fn(*args),
         }
-        row = {k: _per_call(f, calls, clock=clock) for k, f in timed.items()}
+        row.update({k: _per_call(f, calls, clock=clock) for k, f in timed.items()})
     row["overhead"] = row["compiled"] - row["exe"]
     return row
 
 
 def run(calls: int = 2000, out=print, clock: str = "wall") -> list[dict]:
     rows = []
-    cols = ["compiled", "aot", "program", "jit", "exe", "eager", "overhead"]
+    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "eager", "overhead"]
     out(f"{'case':<15}" + "".join(f"{c:>10}" for c in cols) + "   (µs per call)")
     for name, (fn, args) in _cases().items():
         row = measure(name, fn, args, calls, clock)

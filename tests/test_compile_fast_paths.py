@@ -105,3 +105,48 @@ def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
         assert opt_tpu.state[b]["step"].device.type == "cpu"
         torch.testing.assert_close(opt_tpu.state[b]["step"], opt_cpu.state[a]["step"])
+
+
+def test_guards_still_recompile_on_a_new_dtype_shape_layout_or_requires_grad():
+    """The subclass guards (one shared ``__tensor_flatten__`` answer) still tell inputs
+    apart: each change of dtype, shape, strides or requires_grad compiles again, and a
+    repeat of an earlier input reuses its graph."""
+    graphs = []
+
+    def counting(gm, example_inputs, **kw):
+        graphs.append(gm)
+        return compile_backend.tpu_backend(gm, example_inputs, **kw)
+    f = torch.compile(lambda t: t * 2, backend=counting, dynamic=False)
+    base = torch.arange(6.0).reshape(2, 3)
+    inputs = [base, base.to(torch.bfloat16), torch.arange(8.0).reshape(2, 4), base.t().contiguous().t()]
+    for k, x in enumerate(inputs):
+        out = f(x.to("tpu"))
+        assert len(graphs) == k + 1
+        torch.testing.assert_close(out.cpu(), x * 2)
+    f(base.to("tpu"))                          # seen before: no new graph
+    assert len(graphs) == len(inputs)
+    w = base.to("tpu").requires_grad_()
+    out = f(w)                                 # requires_grad: a training graph
+    assert len(graphs) == len(inputs) + 1
+    out.sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.full((2, 3), 2.0))
+
+
+def test_the_current_stream_dynamo_asks_for_before_each_graph_is_not_traced():
+    """Dynamo's bytecode asks ``torch.accelerator.current_stream`` before every compiled
+    graph: the tpu answer is skipped by Dynamo (no frame of its own compiled) and right,
+    inside ``torch.tpu.stream`` too."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    torch._dynamo.utils.counters.clear()
+    f = torch.compile(lambda t: t + 1, backend="tpu")
+    x = torch.ones(3, device="tpu")
+    s = torch.tpu.Stream()
+    with torch.no_grad():
+        f(x)
+        with torch.tpu.stream(s):
+            out = f(x)
+            assert torch.accelerator.current_stream(torch.device("tpu", 0)) is s
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+    assert torch._dynamo.utils.counters["frames"]["total"] == 1
+    assert _debug_get_cache_entry_list(torch.accelerator.current_stream.__code__) == []
+    assert torch.accelerator.current_stream(torch.device("tpu", 0)) is torch.tpu.current_stream()

@@ -8,6 +8,7 @@ any other accelerator torch's own function runs unchanged.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -58,10 +59,46 @@ def _routed(name: str, theirs: Callable, ours: Callable) -> Callable:
     return accelerator_fn
 
 
+def _current_stream_first(routed: Callable) -> Callable:
+    """``torch.accelerator.current_stream`` with a path that makes no Python call.
+
+    Dynamo's bytecode asks for the current stream before every compiled graph runs. Through
+    ``_routed``'s wrapper that is 2-3 µs a compiled call (Dynamo's disable context around
+    four Python calls); here a tpu device's current stream is two dict reads, and the
+    function's own frame is one Dynamo skips (marked on the first call that finds Dynamo
+    loaded: it never traces it). Anything else goes through ``routed``."""
+    marked = False
+
+    def current_stream(device: Any = None) -> Any:
+        nonlocal marked
+        if not marked:
+            marked = _skip_in_dynamo(current_stream)
+        acc = torch._C._accelerator_getAccelerator()
+        if acc is not None and acc.type == "tpu" and type(device) is torch.device \
+                and device.type == "tpu" and device.index is not None:
+            s = streams.CURRENT.get(device.index) or streams.DEFAULTS.get(device.index)
+            if s is not None:
+                return s
+        return routed(device)
+    current_stream.__tpu_kernels__ = True
+    current_stream.__wrapped__ = routed
+    return current_stream
+
+
+def _skip_in_dynamo(fn: Callable) -> bool:
+    """Tell Dynamo, if loaded, to run ``fn`` as is wherever it meets it; whether it was."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return False
+    eval_frame.skip_code(fn.__code__)
+    return True
+
+
 @functools.cache   # once per process
 def install() -> None:
     for name, ours in _FUNCTIONS.items():
         theirs = getattr(torch.accelerator, name, None)
         if theirs is not None and not getattr(theirs, "__tpu_kernels__", False):
-            setattr(torch.accelerator, name, _routed(name, theirs, ours))
+            routed = _routed(name, theirs, ours)
+            setattr(torch.accelerator, name, _current_stream_first(routed) if name == "current_stream" else routed)
     torch.accelerator.device_index = devices.device if _on_tpu() else torch.accelerator.device_index

@@ -31,7 +31,7 @@ from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
-from tpu_kernels.lazy import concrete
+from tpu_kernels.lazy import Lazy, concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, wrap_known
 
@@ -76,7 +76,9 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
-        sources = [source_of(a) for a in tensors]     # (storage, geometry) per tensor input
+        # (storage, geometry) per tensor input; a tpu tensor's inline (one Python call per
+        # input less on every compiled call: a GPT passes each parameter)
+        sources = [a._tpu_shadow._tpu_source if type(a) is TpuTensor else source_of(a) for a in tensors]
         host = self.host
         if host is not None:     # CPU inputs updated on the host (see host_writes.py)
             updates = host.compute(tensors)
@@ -113,7 +115,7 @@ class GraphProgram:
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
-        tensors = [concrete(st.array) for st, _ in sources]
+        tensors = [st.array if type(st.array) is not Lazy else concrete(st.array) for st, _ in sources]
         scalars = () if self.all_tensors else \
             tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
         statics = (settings(), scalars, tuple(g for _, g in sources))

@@ -105,26 +105,26 @@ class Event:
         return f"<torch.tpu.Event recorded={self._time is not None}>"
 
 
-_DEFAULTS: dict[int, Stream] = {}
-_current: dict[int, Stream] = {}
+DEFAULTS: dict[int, Stream] = {}   # device index -> its default stream, once made
+CURRENT: dict[int, Stream] = {}    # device index -> the stream made current there, if any
 
 
 def default_stream(device: Any = None) -> Stream:
     i = devices.index(device)
-    s = _DEFAULTS.get(i)
+    s = DEFAULTS.get(i)
     if s is None:
-        s = _DEFAULTS[i] = Stream(i)
+        s = DEFAULTS[i] = Stream(i)
     return s
 
 
 def current_stream(device: Any = None) -> Stream:
     i = devices.index(device)
-    return _current.get(i) or default_stream(i)
+    return CURRENT.get(i) or default_stream(i)
 
 
 def set_stream(stream: Stream) -> None:
     if stream is not None:
-        _current[stream.device_index] = stream
+        CURRENT[stream.device_index] = stream
 
 
 @contextlib.contextmanager

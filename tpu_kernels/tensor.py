@@ -36,6 +36,7 @@ def install_dispatch(run: Callable[[Any, tuple, dict], Any],
 
 
 _TORCH_DATA = torch._C.TensorBase.data     # the C getset TpuTensor.data wraps
+_FLATTENED = (["_tpu_shadow"], None)       # __tensor_flatten__'s (inner attributes, context)
 
 
 class _ShadowSlot:
@@ -113,9 +114,12 @@ class TpuTensor(torch.Tensor):
                 raise
             return _on_worker_error(func, args, kwargs, exc)
 
-    # torch.compile takes tpu tensors apart into one memory-less shadow (see shadow.py)
+    # torch.compile takes tpu tensors apart into one memory-less shadow (see shadow.py).
+    # Dynamo's guards call this twice per tpu input on every compiled call (the subclass
+    # metadata and attribute-list guards): one shared answer, never mutated, allocates
+    # nothing (a GPT's guards: 19 -> 15 µs, bench/compile_overhead.py)
     def __tensor_flatten__(self):
-        return ["_tpu_shadow"], None
+        return _FLATTENED
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):

@@ -61,6 +61,13 @@ def test_moe_expert_sharding():
     _run("moe_experts")
 
 
+def test_moe_expert_parallel_step_equals_unsharded():
+    """Qwen3-MoE (transformers, experts_implementation="tpu_kernels") trained with the
+    experts over "ep" and tokens over ("fsdp", "ep"): equal to one device; its MoE op
+    exchanges tokens by all_to_all and gathers no tokens."""
+    _run("moe_expert_parallel")
+
+
 def test_dispatched_kernels_run_per_shard():
     """F.scaled_dot_product_attention (forward, backward) and torch._grouped_mm on tpu
     tensors sharded over heads / experts reach the Pallas kernels per shard (~7 s CPU)."""

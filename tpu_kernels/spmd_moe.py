@@ -33,8 +33,10 @@ differentiates it: the dispatch buffers are not kept between forward and backwar
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -194,9 +196,8 @@ def _bwd(g, x, index, weights, gate_up, down, factor):
     return _grads(experts_dropless, g, x, index, weights, gate_up, down)
 
 
-def _bwd_partition(factor, mesh, arg_shapes, result_shape):
-    _g, x, index, _w, gate_up, down = arg_shapes
-    tokens, experts = _layout(mesh, x, gate_up)
+def _backward_local(mesh, tokens, experts, factor, x, index, gate_up, down):
+    """The per-shard backward for this layout, and its gradients' shardings."""
     forward = _local(mesh, tokens, experts, factor, x, index, gate_up)
     # the experts' gradients are partial sums over the other token axes: reduce-scattered
     # over them on dim 1 (where FSDP splits the expert weights), else all-reduced
@@ -211,8 +212,16 @@ def _bwd_partition(factor, mesh, arg_shapes, result_shape):
         elif rest:
             d1, d2 = jax.lax.psum((d1, d2), rest)
         return dx, dw, d1, d2
+    return per_shard, (tokens, experts, rest if scatter else ())
+
+
+def _bwd_partition(factor, mesh, arg_shapes, result_shape):
+    _g, x, index, _w, gate_up, down = arg_shapes
+    tokens, experts = _layout(mesh, x, gate_up)
+    per_shard, (_, _, split) = _backward_local(mesh, tokens, experts, factor, x, index,
+                                               gate_up, down)
     ts, es = _named(mesh, tokens, None), _named(mesh, experts, None, None)
-    ds = _named(mesh, experts, rest if scatter else None, None)
+    ds = _named(mesh, experts, split, None)
     return mesh, per_shard, (ts, ts, ds, ds), (ts, ts, ts, ts, es, es)
 
 
@@ -223,17 +232,67 @@ _sharded_bwd.def_partition(
     need_replication_factors=("h", "k"))
 
 
+# ---- a layout given by the program's author (shard_map) --------------------------------
+
+_LAYOUTS: list[tuple] = []
+
+
+@contextlib.contextmanager
+def expert_parallel(mesh: jax.sharding.Mesh, tokens: tuple[str, ...],
+                    experts: tuple[str, ...]) -> Iterator[None]:
+    """Inside, ``moe_experts`` traced for ``mesh`` runs as a ``shard_map`` with the tokens
+    over ``tokens`` and the experts over ``experts`` (all_to_all over those), whatever
+    the operands' shardings: for programs compiled where ``custom_partitioning`` has no
+    partitioner (libtpu's compile-only topologies: "Custom emitter for
+    CustomSPMDPartitioning not found"), e.g. ``tpu_kernels.aot.pod``'s step."""
+    _LAYOUTS.append((mesh, tuple(tokens), tuple(experts)))
+    try:
+        yield
+    finally:
+        _LAYOUTS.pop()
+
+
+def _given_layout(x, gate_up):
+    """(mesh, tokens, experts) of the active ``expert_parallel`` when it splits evenly."""
+    if not _LAYOUTS:
+        return None
+    mesh, tokens, experts = _LAYOUTS[-1]
+    if gate_up.shape[0] % _size(mesh, experts) or x.shape[0] % _size(mesh, tokens):
+        return None
+    return mesh, tokens, experts
+
+
+def _spec(*axes) -> PartitionSpec:
+    return PartitionSpec(*(a if a else None for a in axes))
+
+
 def moe_experts(x: jax.Array, index: jax.Array, weights: jax.Array, gate_up: jax.Array,
                 down: jax.Array, capacity_factor: float = DEFAULT_CAPACITY_FACTOR) -> jax.Array:
     """The experts' output ``[T, H]`` for tokens ``x [T, H]`` routed to ``index [T, K]``
     with ``weights [T, K]``; expert-parallel where ``gate_up``/``down`` are sharded."""
-    return _sharded_fwd(x, index.astype(jnp.int32), weights, gate_up, down,
-                        float(capacity_factor))
+    index, factor = index.astype(jnp.int32), float(capacity_factor)
+    given = _given_layout(x, gate_up)
+    if given is None:
+        return _sharded_fwd(x, index, weights, gate_up, down, factor)
+    mesh, tokens, experts = given
+    local = _local(mesh, tokens, experts, factor, x, index, gate_up)
+    ts, es = _spec(tokens, None), _spec(experts, None, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(ts, ts, ts, es, es), out_specs=ts,
+                         check_vma=False)(x, index, weights, gate_up, down)
 
 
 def moe_experts_backward(g: jax.Array, x: jax.Array, index: jax.Array, weights: jax.Array,
                          gate_up: jax.Array, down: jax.Array,
                          capacity_factor: float = DEFAULT_CAPACITY_FACTOR) -> tuple:
     """Gradients of ``moe_experts`` w.r.t. (x, weights, gate_up, down) for ``g [T, H]``."""
-    return _sharded_bwd(g, x, index.astype(jnp.int32), weights, gate_up, down,
-                        float(capacity_factor))
+    index, factor = index.astype(jnp.int32), float(capacity_factor)
+    given = _given_layout(x, gate_up)
+    if given is None:
+        return _sharded_bwd(g, x, index, weights, gate_up, down, factor)
+    mesh, tokens, experts = given
+    per_shard, (_, _, split) = _backward_local(mesh, tokens, experts, factor, x, index,
+                                               gate_up, down)
+    ts, es, ds = _spec(tokens, None), _spec(experts, None, None), _spec(experts, split, None)
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=(ts, ts, ts, ts, es, es),
+                         out_specs=(ts, ts, ds, ds), check_vma=False)(
+        g, x, index, weights, gate_up, down)

@@ -165,7 +165,7 @@ LINEAR_CROSS_ENTROPY = declare_op("tpu_kernels::linear_cross_entropy", linear_cr
                                   reference=_lce_reference, backward="vjp")
 RAGGED_DOT = declare_op("tpu_kernels::ragged_dot", ragged_dot, reference=_ragged_dot_reference, backward="vjp")
 MOE_EXPERTS = declare_op("tpu_kernels::moe_experts", moe_experts, reference=_moe_reference,
-                        backward=_moe_grads,
+                        backward=_moe_grads, backward_static=("capacity_factor",),
                         fake=lambda hidden, *args, **kw: torch.empty_like(hidden))
 SWIGLU = declare_op("tpu_kernels::swiglu", swiglu, reference=lambda a, b: F.silu(a) * b, backward="vjp")
 GEGLU = declare_op("tpu_kernels::geglu", geglu, backward="vjp",

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import spmd, strided, transformers_moe
+from tpu_kernels import spmd, spmd_moe, strided, transformers_moe
 from tpu_kernels.aot import collectives, graphs, topology
 from tpu_kernels.aot.compiler import compile_lowered
 from tpu_kernels.dispatch import memory
@@ -161,8 +161,11 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
     # The graphs are traced at global shapes for the pod's memory, not this host's: the
     # dispatcher's guard against results that cannot fit here does not apply.
+    experts = tuple(a for a in ("ep",) if a in mesh.shape)
     with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
-            mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf):
+            mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf), \
+            spmd_moe.expert_parallel(mesh.jax, data + tuple(a for a in experts if a not in data),
+                                     experts):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)

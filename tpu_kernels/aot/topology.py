@@ -59,6 +59,7 @@ def _load_plugin() -> None:
     ``custom_partitioning`` partitioner, without which a program holding a
     custom-partitioned op (``spmd_moe``, ``spmd_kernels``) fails to compile for TPU
     ("Custom emitter for CustomSPMDPartitioning not found")."""
+    from jax._src import custom_partitioning as cp
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
     if xla_client.pjrt_plugin_loaded("tpu"):
@@ -67,6 +68,12 @@ def _load_plugin() -> None:
     with xla_bridge._plugin_callback_lock:
         for callback in xla_bridge._plugin_callbacks:
             callback(c_api=c_api)
+    # the partitioner's own registration is a callback only when jax imported it before
+    # its CPU backend started; registering it again for the same plugin is harmless
+    xla_client.register_custom_call_partitioner(
+        cp._CUSTOM_PARTITIONING_CALL_NAME, cp._custom_partitioning_propagate_user_sharding,
+        cp._custom_partitioning_partition, cp._custom_partitioning_infer_sharding_from_operands,
+        can_side_effecting_have_replicated_sharding=True, c_api=c_api)
 
 
 def sharding(chip: str | tpu_info.Chip) -> jax.sharding.Sharding:

@@ -47,33 +47,9 @@ def device(chip: str | tpu_info.Chip) -> Any:
         os.environ.setdefault(key, value)
     from jax.experimental.topologies import get_topology_desc
     try:
-        _load_plugin()
         return get_topology_desc(platform="tpu", topology_name=row.topology).devices[0]
     except Exception as exc:  # noqa: BLE001  (plugin load errors come as several types)
         raise Unavailable(f"libtpu could not describe {row.topology!r}: {exc}") from exc
-
-
-def _load_plugin() -> None:
-    """Load libtpu as jax's compile-only topologies do, then run the callbacks jax runs on
-    the plugins it discovers itself (``get_topology_desc`` skips them): among them the
-    ``custom_partitioning`` partitioner, without which a program holding a
-    custom-partitioned op (``spmd_moe``, ``spmd_kernels``) fails to compile for TPU
-    ("Custom emitter for CustomSPMDPartitioning not found")."""
-    from jax._src import custom_partitioning as cp
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
-    if xla_client.pjrt_plugin_loaded("tpu"):
-        return
-    c_api = xla_client.load_pjrt_plugin_dynamically("tpu", xla_bridge.get_tpu_library_path())
-    with xla_bridge._plugin_callback_lock:
-        for callback in xla_bridge._plugin_callbacks:
-            callback(c_api=c_api)
-    # the partitioner's own registration is a callback only when jax imported it before
-    # its CPU backend started; registering it again for the same plugin is harmless
-    xla_client.register_custom_call_partitioner(
-        cp._CUSTOM_PARTITIONING_CALL_NAME, cp._custom_partitioning_propagate_user_sharding,
-        cp._custom_partitioning_partition, cp._custom_partitioning_infer_sharding_from_operands,
-        can_side_effecting_have_replicated_sharding=True, c_api=c_api)
 
 
 def sharding(chip: str | tpu_info.Chip) -> jax.sharding.Sharding:

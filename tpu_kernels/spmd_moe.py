@@ -16,6 +16,9 @@ holds the copy's expert, with one ``all_to_all`` over the expert axes, computes 
 experts on what it received (a batched matmul per expert), and sends the results back with
 a second ``all_to_all``; the results are weighted and summed per token where the token
 lives (GShard's dispatch, Lepikhin et al. 2020). No device ever holds the whole batch.
+Inside ``expert_parallel(mesh, tokens, experts)`` the same runs as a ``shard_map`` with
+the layout given there instead (libtpu's compile-only client, which the pod step compiles
+with, has no partitioner for ``custom_partitioning``).
 
 **Capacity.** The all_to_all buffers have static shapes: each device sends at most
 ``C = ceil(capacity_factor * tokens_per_device * top_k / experts)`` copies to each expert

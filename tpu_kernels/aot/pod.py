@@ -164,8 +164,7 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     experts = tuple(a for a in ("ep",) if a in mesh.shape)
     with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
             mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf), \
-            spmd_moe.expert_parallel(mesh.jax, data + tuple(a for a in experts if a not in data),
-                                     experts):
+            spmd_moe.expert_parallel(mesh.jax, data, experts):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)

@@ -287,6 +287,87 @@ def dispatch_per_shard() -> None:
     assert all(c.startswith(("f32[100,64]", "s32[8]")) for c in comms), comms
 
 
+
+def _shaped(hlo: str) -> list[tuple[str, str]]:
+    """(kind, result shape) of each collective instruction of a compiled HLO text."""
+    import re
+    found = re.findall(r"= (.+?) (all-gather|all-reduce|all-to-all|reduce-scatter|"
+                       r"collective-permute)(?:-start)?\(", hlo)
+    return [(kind, shape) for shape, kind in found]
+
+
+def _kinds(hlo: str) -> list[str]:
+    return [kind for kind, _ in _shaped(hlo)]
+
+
+def _tiny_qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from tpu_kernels import transformers_moe
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, max_position_embeddings=64, use_cache=False)
+    cfg.moe_capacity_factor = 4.0      # experts / top_k: room for every routed copy
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    for n, p in model.named_parameters():
+        if "experts" in n or "mlp.gate" in n:
+            torch.nn.init.normal_(p, std=0.2)
+    assert transformers_moe.use(model) == 1
+    return model
+
+
+def moe_expert_parallel() -> None:
+    """A Qwen3-MoE training step (torch.compile, AdamW) with the experts over "ep" and the
+    tokens over ("fsdp", "ep") equals the unsharded step; the experts' op exchanges the
+    routed tokens by all_to_all and never gathers the batch."""
+    from tpu_kernels import spmd_moe
+    from tpu_kernels.aot.pod import EP_PLAN
+    mesh = spmd.Mesh((2, 4), ("fsdp", "ep"))
+    ref = _tiny_qwen3_moe()
+    model = copy.deepcopy(ref).to("tpu")
+    spmd.tensor_parallel(model, mesh, EP_PLAN, axis="ep")
+    spmd.fsdp(model, mesh, "fsdp")
+    assert spmd.spec_of(model.model.layers[0].mlp.experts.gate_up_proj) == ("ep", "fsdp", None)
+    ref = ref.to("tpu")
+    tokens = torch.randint(0, 64, (8, 16))
+    losses = []
+    for m, t in ((ref, tokens.to("tpu")),
+                 (model, spmd.mark_sharding(tokens.to("tpu"), mesh, (("fsdp", "ep"), None)))):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        step = torch.compile(lambda m=m, t=t: m(input_ids=t, labels=t).loss, backend="tpu")
+        got = []
+        for _ in range(2):
+            loss = step()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            got.append(loss.item())
+        losses.append(got)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-5), losses
+    for (n, a), b in zip(ref.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b.cpu(), a.cpu(), rtol=1e-4, atol=1e-5, msg=n)
+    experts = model.model.layers[0].mlp.experts
+    assert spmd.local_shapes(experts.gate_up_proj) == [(2, 16, 32)] * 8
+    # the op's own programs: tokens [128, 32] over ("fsdp", "ep"), experts over "ep"
+    ts = mesh.sharding((("fsdp", "ep"), None))
+    args = (jax.ShapeDtypeStruct((128, 32), jax.numpy.float32, sharding=ts),
+            jax.ShapeDtypeStruct((128, 2), jax.numpy.int32, sharding=ts),
+            jax.ShapeDtypeStruct((128, 2), jax.numpy.float32, sharding=ts),
+            jax.ShapeDtypeStruct((8, 32, 32), jax.numpy.float32,
+                                 sharding=mesh.sharding(("ep", "fsdp", None))),
+            jax.ShapeDtypeStruct((8, 32, 16), jax.numpy.float32,
+                                 sharding=mesh.sharding(("ep", "fsdp", None))))
+    fwd = jax.jit(spmd_moe.moe_experts).lower(*args).compile().as_text()
+    bwd = jax.jit(spmd_moe.moe_experts_backward).lower(args[0], *args).compile().as_text()
+    for hlo, exchanges in ((fwd, 2), (bwd, 4)):     # the backward recomputes the forward
+        kinds = _kinds(hlo)
+        assert kinds.count("all-to-all") == exchanges, kinds
+        # the only gathers are FSDP's of the experts' weights (their [2, 32, n] shards)
+        assert all(shape.startswith(("f32[2,32,32]", "f32[2,32,16]"))
+                   for kind, shape in _shaped(hlo) if kind == "all-gather"), _shaped(hlo)
+
+
 if __name__ == "__main__":
     case, *args = sys.argv[1:]
     assert len(jax.devices()) == 8, jax.devices()

@@ -13,7 +13,8 @@ from tpu_kernels import bench, helion_kernels, pallas, registry
 LAYERS = [
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
     # spmd_kernels: the bindings' kernels partitioned per shard (custom_partitioning)
-    ("registry", ("tpu_kernels.registry", "tpu_kernels.spmd_kernels")),
+    # spmd_moe: the MoE experts op, expert-parallel per shard (all_to_all)
+    ("registry", ("tpu_kernels.registry", "tpu_kernels.spmd_kernels", "tpu_kernels.spmd_moe")),
     ("base", ("tpu_kernels.platform", "tpu_kernels.lru", "tpu_kernels.inflight", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
               "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.device")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.strided", "tpu_kernels.storage")),
@@ -28,7 +29,7 @@ LAYERS = [
     ("distributed", ("tpu_kernels.distributed",)),
     ("tools", ("tpu_kernels.testing", "tpu_kernels.models", "tpu_kernels.bench", "tpu_kernels.coverage",
                "tpu_kernels.demo", "tpu_kernels.__main__", "tpu_kernels.serving", "tpu_kernels.aot",
-               "tpu_kernels.transformers_flex")),
+               "tpu_kernels.transformers_flex", "tpu_kernels.transformers_moe")),
     ("package", ("tpu_kernels",)),   # __init__: the public API, assembled last
 ]
 # Others' areas may import lazily inside functions (still without circles).

@@ -10,7 +10,9 @@ and expert-sharded MoE trainings (``moe_experts``: ~110 s on the loaded 2-core m
 the compiled and deferred variants, and Pallas kernels run per shard (``spmd.per_shard``:
 flash attention over heads, a grouped matmul over experts; ~75 s) are thorough. The
 dispatcher's own route to those kernels on sharded tensors (``spmd_kernels``: partitioned
-per shard by XLA) is checked in CI at small shapes.
+per shard by XLA) is checked in CI at small shapes, and so is the expert-parallel MoE
+op (``moe_expert_parallel``: transformers' Qwen3-MoE trained with all_to_all dispatch over
+"ep" equals one device; ~90 s on the loaded machine).
 """
 from __future__ import annotations
 
@@ -59,6 +61,13 @@ def test_gpt_fsdp_x_tp(mode):
 @pytest.mark.thorough
 def test_moe_expert_sharding():
     _run("moe_experts")
+
+
+def test_moe_expert_parallel_step_equals_unsharded():
+    """Qwen3-MoE (transformers, experts_implementation="tpu_kernels") trained with the
+    experts over "ep" and tokens over ("fsdp", "ep"): equal to one device; its MoE op
+    exchanges tokens by all_to_all and gathers no tokens."""
+    _run("moe_expert_parallel")
 
 
 def test_dispatched_kernels_run_per_shard():

@@ -65,8 +65,10 @@ def _infer_schema(signature: Callable, qualname: str) -> str:
 
 
 def declare_op(name: str, signature: Callable, *, reference: Callable | None = None, backward: Any = None,
-               fake: Callable | None = None) -> CustomOp:
-    """Define ``name`` (``"ns::op"``) with the schema of ``signature``'s type hints."""
+               fake: Callable | None = None, backward_static: tuple[str, ...] = ()) -> CustomOp:
+    """Define ``name`` (``"ns::op"``) with the schema of ``signature``'s type hints.
+    ``backward_static``: scalar args the backward's impl needs as values at trace time
+    (as ``@tpu_kernel(static=...)`` for the op's own impls)."""
     qualname = _qualified(name)
     if qualname in DECLARED:
         raise ValueError(f"@tpu_kernel: {qualname} is already defined")
@@ -78,7 +80,7 @@ def declare_op(name: str, signature: Callable, *, reference: Callable | None = N
     lib.impl(opname, fake or _fake_from_closing_impl(op), "Meta")
     if reference is not None:
         lib.impl(opname, reference, "CPU")
-    _register_autograd(ns, opname, op, schema, reference, backward)
+    _register_autograd(ns, opname, op, schema, reference, backward, tuple(backward_static))
     custom = CustomOp(qualname, op, reference, inspect.signature(signature), getattr(signature, "__doc__", None))
     DECLARED[qualname] = custom
     return custom
@@ -147,7 +149,7 @@ def _empty_like_tree(out: Any, device: torch.device) -> Any:
 
 
 # -- autograd ------------------------------------------------------------------------------
-def _register_autograd(ns, opname, op, schema, reference, backward) -> None:
+def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -> None:
     arg_names = [a.name for a in op._schema.arguments]
     tensor_pos = [i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor"
                   or str(a.type) == "Optional[Tensor]"]
@@ -173,7 +175,7 @@ def _register_autograd(ns, opname, op, schema, reference, backward) -> None:
     lib.impl(bname, bwd_fake, "Meta")
     if reference is not None:
         lib.impl(bname, _reference_backward(reference, tensor_pos), "CPU")
-    REGISTRY.add(Impl(bop, bwd_jax, "xla", bname, None, DEFAULT_PRIORITY["xla"]))
+    REGISTRY.add(Impl(bop, bwd_jax, "xla", bname, None, DEFAULT_PRIORITY["xla"], static=static))
 
     def setup_context(ctx, inputs, output):
         ctx.inputs = inputs

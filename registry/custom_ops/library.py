@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from tpu_kernels import spmd_moe
 from tpu_kernels.registry.custom_ops.define import declare_op
 
 
@@ -36,6 +37,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     materialises the logits, the XLA version does."""
 
 
+def _moe_grads(g, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, capacity_factor=2.0):
+    dx, dw, d1, d2 = spmd_moe.moe_experts_backward(g, hidden, top_k_index, top_k_weights,
+                                                  gate_up_proj, down_proj, capacity_factor)
+    return dx, None, dw, d1, d2
+
+
 def _ragged_dot_reference(lhs, rhs, group_sizes):
     out = lhs.new_zeros(lhs.shape[0], rhs.shape[-1])
     start = 0
@@ -48,6 +55,29 @@ def _ragged_dot_reference(lhs, rhs, group_sizes):
 def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """Grouped matmul for MoE: rows of ``lhs [m, k]`` sorted by group, ``rhs [g, k, n]``,
     ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
+
+
+def _moe_reference(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, capacity_factor=2.0):
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for e in range(gate_up_proj.shape[0]):
+        token, rank = torch.where(top_k_index == e)
+        if token.numel():
+            gate, up = (hidden[token] @ gate_up_proj[e].T).chunk(2, dim=-1)
+            y = (F.silu(gate.float()) * up.float()).to(hidden.dtype) @ down_proj[e].T
+            out.index_add_(0, token, y.float() * top_k_weights[token, rank, None].float())
+    return out.to(hidden.dtype)
+
+
+def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                capacity_factor: float = 2.0) -> torch.Tensor:
+    """A mixture-of-experts FFN's experts (Qwen3-MoE / Mixtral layout): for tokens
+    ``hidden [T, H]`` routed to ``top_k_index [T, K]`` with ``top_k_weights [T, K]``,
+    ``sum_k w[t, k] * down_proj[e] @ (silu(gate[e] @ x) * (up[e] @ x))`` with ``gate_up_proj
+    [E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]``. Every routed copy is
+    computed on one device; in a sharded program with the experts split over a mesh axis
+    the copies are sent to their experts' devices (all_to_all), at most
+    ``capacity_factor`` x the even share per expert (``tpu_kernels/spmd_moe.py``)."""
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -134,6 +164,9 @@ CROSS_ENTROPY = declare_op("tpu_kernels::cross_entropy", cross_entropy, referenc
 LINEAR_CROSS_ENTROPY = declare_op("tpu_kernels::linear_cross_entropy", linear_cross_entropy,
                                   reference=_lce_reference, backward="vjp")
 RAGGED_DOT = declare_op("tpu_kernels::ragged_dot", ragged_dot, reference=_ragged_dot_reference, backward="vjp")
+MOE_EXPERTS = declare_op("tpu_kernels::moe_experts", moe_experts, reference=_moe_reference,
+                        backward=_moe_grads, backward_static=("capacity_factor",),
+                        fake=lambda hidden, *args, **kw: torch.empty_like(hidden))
 SWIGLU = declare_op("tpu_kernels::swiglu", swiglu, reference=lambda a, b: F.silu(a) * b, backward="vjp")
 GEGLU = declare_op("tpu_kernels::geglu", geglu, backward="vjp",
                    reference=lambda a, b, approximate="none": F.gelu(a, approximate=approximate) * b)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from tpu_kernels import spmd_moe
 from tpu_kernels.pallas.reference import cross_entropy as ce_ref
 from tpu_kernels.pallas.reference import flash_attention as fa_ref
 from tpu_kernels.pallas.reference import linear_cross_entropy as lce_ref
@@ -50,6 +51,16 @@ def ragged_dot(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) 
     ``group_sizes [g]`` -> ``[m, n]`` (rows past the groups' total are zero)."""
     prec = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=prec)
+
+
+@tpu_kernel("tpu_kernels::moe_experts", kind="xla", static=("capacity_factor",))
+def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                capacity_factor: float = 2.0) -> torch.Tensor:
+    """MoE experts: dropless grouped matmuls on one device, all_to_all expert parallelism
+    where the experts are sharded (``tpu_kernels.spmd_moe``)."""
+    return spmd_moe.moe_experts(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj,
+                                capacity_factor)
 
 
 @tpu_kernel("tpu_kernels::flash_attention", kind="xla", static=("is_causal", "scale", "window"))

@@ -8,7 +8,7 @@ mesh of the slice's compile-only devices with ``tpu_kernels.spmd`` (tensor paral
 ``torch.compile(backend="tpu")`` forward and backward graphs are captured as for one chip.
 The step is one jitted program: the forward graph, the backward graph fed the forward's
 saved tensors, and AdamW (f32 moments, sharded as the parameters) updating the parameters
-in place; the batch is split over the data axes ("fsdp", "dp"). XLA's partitioner inserts
+in place; the batch is split over the data axes ("fsdp", "dp", "ep"). XLA's partitioner inserts
 the collectives. The report gives the per-chip HBM, the collectives in the optimised HLO
 (``collectives.py``: counts, bytes, how many overlap compute), XLA's step estimate and MFU.
 """
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import spmd, strided
+from tpu_kernels import spmd, spmd_moe, strided, transformers_moe
 from tpu_kernels.aot import collectives, graphs, topology
 from tpu_kernels.aot.compiler import compile_lowered
 from tpu_kernels.dispatch import memory
@@ -36,7 +36,9 @@ from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.storage import Storage, read_view
 
-DATA_AXES = ("fsdp", "dp")        # the batch is split over these mesh axes
+# the batch is split over these mesh axes; "ep" too: outside the experts each device of an
+# expert group holds its own tokens (expert parallelism inside data parallelism, as GShard)
+DATA_AXES = ("fsdp", "dp", "ep")
 # Megatron-style plan for Llama/Qwen-shaped decoders: attention heads and FFN columns over
 # "tp" (q/k/v, gate/up column-wise; o/down row-wise), stacked experts over "ep" (dim 0)
 TP_PLAN = {"*.q_proj": "colwise", "*.k_proj": "colwise", "*.v_proj": "colwise",
@@ -153,13 +155,16 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     batch = batch or spec.batch * mesh.size(data)
     spec = dataclasses.replace(spec, batch=batch)
     model, tokens = build(spec)
+    transformers_moe.use(model)     # MoE experts as one op: all_to_all expert parallelism
     shard_model(model, mesh)
     spmd.mark_sharding(tokens, mesh, (data or None, None))
     # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
     # The graphs are traced at global shapes for the pod's memory, not this host's: the
     # dispatcher's guard against results that cannot fit here does not apply.
+    experts = tuple(a for a in ("ep",) if a in mesh.shape)
     with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
-            mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf):
+            mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf), \
+            spmd_moe.expert_parallel(mesh.jax, data, experts):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)
@@ -227,6 +232,8 @@ def _outputs(program: GraphProgram, statics: tuple, key, arrays) -> list[Any]:
             out.append(entry[1])
         else:
             kind, where, geometry = entry
+            if kind == "whole":      # all of a new storage: (size, strides, dtype, bytes)
+                geometry = (geometry[0], geometry[1], 0, geometry[2])
             out.append((arrays[where] if kind == "input" else storages[where], geometry))
     return out
 

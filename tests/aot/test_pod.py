@@ -33,6 +33,60 @@ ENTRY %main (p0: bf16[64,128]) -> f32[8] {
 """
 
 
+# libtpu's async collective fusion (trimmed from a v5e:2x2 compile): the all-gather is
+# started by a fusion rooted at AsyncCollectiveStart, continues in a fusion that also runs
+# a convolution (the all-gather again in its body: the same collective), and ends at an
+# AsyncCollectiveDone fusion; the reduce-scatter is an all-reduce-scatter fusion
+FUSED = """\
+%start_body (p0: bf16[512,2048]) -> (bf16[512,2048], bf16[2048,2048], u32[]) {
+  %p0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.1 = bf16[2048,2048]{1,0} all-gather(%p0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"-1","flag_end":"-1"}}
+  ROOT %custom-call.1 = (bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.2 (q0: bf16[512,2048], q1: bf16[2048,2048], q2: u32[], q3: bf16[2048,2048], q4: bf16[2048,2048]) -> (bf16[2048,2048], bf16[512,2048], bf16[2048,2048], u32[]) {
+  %q3 = bf16[2048,2048]{1,0} parameter(3)
+  %q4 = bf16[2048,2048]{1,0} parameter(4)
+  %convolution.1 = bf16[2048,2048]{1,0} convolution(%q3, %q4), dim_labels=bf_io->bf
+  %q0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.2 = bf16[2048,2048]{1,0} all-gather(%q0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"2","flag_end":"2"}}
+  %q2 = u32[] parameter(2)
+  ROOT %tuple.1 = (bf16[2048,2048]{1,0}, bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) tuple(%convolution.1, %q0, %all-gather.2, %q2)
+}
+
+%done_body (r0: bf16[512,2048], r1: bf16[2048,2048], r2: u32[]) -> bf16[2048,2048] {
+  %r0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.3 = bf16[2048,2048]{1,0} all-gather(%r0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"2","flag_end":"2"}}
+  %r2 = u32[] parameter(2)
+  ROOT %custom-call.2 = bf16[2048,2048]{1,0} custom-call(%r0, %all-gather.3, %r2), custom_call_target="AsyncCollectiveDone"
+}
+
+%all-reduce-scatter (input: f32[2048,2048]) -> f32[512,2048] {
+  %input = f32[2048,2048]{1,0} parameter(0)
+  %all-reduce.1 = f32[2048,2048]{1,0} all-reduce(%input), channel_id=4, to_apply=%add
+  ROOT %dynamic-slice.1 = f32[512,2048]{1,0} dynamic-slice(%all-reduce.1, %c, %c), dynamic_slice_sizes={512,2048}
+}
+
+ENTRY %main (a: bf16[512,2048], x: bf16[2048,2048], w: bf16[2048,2048]) -> bf16[2048,2048] {
+  %a = bf16[512,2048]{1,0} parameter(0)
+  %x = bf16[2048,2048]{1,0} parameter(1)
+  %w = bf16[2048,2048]{1,0} parameter(2)
+  %async-collective-start = (bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) fusion(%a), kind=kCustom, calls=%start_body
+  %gte.0 = bf16[512,2048]{1,0} get-tuple-element(%async-collective-start), index=0
+  %gte.1 = bf16[2048,2048]{1,0} get-tuple-element(%async-collective-start), index=1
+  %gte.2 = u32[] get-tuple-element(%async-collective-start), index=2
+  %fusion.2 = (bf16[2048,2048]{1,0}, bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) fusion(%gte.0, %gte.1, %gte.2, %x, %w), kind=kOutput, calls=%async_collective_fusion.2
+  %gte.3 = bf16[2048,2048]{1,0} get-tuple-element(%fusion.2), index=0
+  %gte.4 = bf16[512,2048]{1,0} get-tuple-element(%fusion.2), index=1
+  %gte.5 = bf16[2048,2048]{1,0} get-tuple-element(%fusion.2), index=2
+  %gte.6 = u32[] get-tuple-element(%fusion.2), index=3
+  %async-collective-done = bf16[2048,2048]{1,0} fusion(%gte.4, %gte.5, %gte.6), kind=kCustom, calls=%done_body
+  %rs = f32[512,2048]{1,0} fusion(%gte.3), kind=kCustom, calls=%all-reduce-scatter
+  ROOT %out = bf16[2048,2048]{1,0} add(%async-collective-done, %async-collective-done)
+}
+"""
+
+
 def test_parse_mesh():
     assert pod.parse_mesh("fsdp=64,tp=4") == {"fsdp": 64, "tp": 4}
     with pytest.raises(ValueError, match="AXIS=SIZE"):
@@ -45,6 +99,21 @@ def test_collectives_counts_bytes_and_overlap():
                            "reduce-scatter": (1, 1024)}
     # only the all-gather has compute (the fusion) between its start and done
     assert r.overlapped_fraction == pytest.approx(16384 / (16384 + 4096 + 1024))
+
+
+def test_async_collective_fusion_is_one_overlapped_collective():
+    r = collectives.analyse(FUSED)
+    # one all-gather (not one per fusion body it appears in), one reduce-scatter
+    assert r.by_kind() == {"all-gather": (1, 2048 * 2048 * 2),
+                           "reduce-scatter": (1, 512 * 2048 * 4)}    # by its result
+    assert r.overlap_by_kind()["all-gather"] == dict(overlapped=2048 * 2048 * 2,
+                                                     async_idle=0, synchronous=0)
+    assert r.overlap_by_kind()["reduce-scatter"]["synchronous"] == 512 * 2048 * 4
+    # with nothing computing between start and done, the pair is async but idle
+    idle = FUSED.replace("%convolution.1 = bf16[2048,2048]{1,0} convolution(%q3, %q4), "
+                         "dim_labels=bf_io->bf", "%convolution.1 = bf16[2048,2048]{1,0} "
+                         "bitcast(%q3)")
+    assert collectives.analyse(idle).overlap_by_kind()["all-gather"]["async_idle"] > 0
 
 
 def test_a_sharded_program_compiles_for_256_chips():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from tpu_kernels import aot
-from tpu_kernels.aot import collectives, configs, pod
+from tpu_kernels.aot import collectives, configs, overlap, pod
 from tpu_kernels.aot.compiler import compile_lowered
 
 pytestmark = pytest.mark.skipif(aot.unavailable_reason() is not None,
@@ -128,6 +128,44 @@ def test_a_sharded_program_compiles_for_256_chips():
     assert c.summary.argument_bytes == (4096 * 4096 + 4096 * 8192) * 2 // 256
 
 
+def _fsdp_chain_step(topology: str, async_collectives: bool) -> collectives.Report:
+    """A tiny FSDP training step (three bf16 matmul layers, weights and batch sharded over
+    4 chips, SGD) compiled for ``topology``: its collectives."""
+    mesh, chip = pod.pod_mesh(topology, {"fsdp": 4})
+    rows = mesh.sharding(("fsdp", None))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.mean(jnp.square(x.astype(jnp.float32)))
+
+    def step(ws, x):
+        grads = jax.grad(loss)(ws, x)
+        return [w - 1e-3 * g for w, g in zip(ws, grads)]
+    ws = [jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=rows) for _ in range(3)]
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16, sharding=rows)
+    jitted = jax.jit(step, out_shardings=[rows] * 3, donate_argnums=0)
+    c = compile_lowered(lambda: jitted.lower(ws, x), chip,
+                        overlap.compiler_options(async_collectives))
+    return collectives.analyse(c.as_text())
+
+
+def test_pod_options_overlap_collectives_with_compute():
+    # v6e: libtpu's defaults run these collectives synchronously; with the pod step's
+    # options the weight all-gathers (and gradient reduce-scatters) are async collective
+    # fusions with the next layer's matmul in flight
+    r = _fsdp_chain_step("v6e:2x2", async_collectives=True)
+    by_kind = r.overlap_by_kind()
+    assert by_kind["all-gather"]["overlapped"] > 0, by_kind
+    assert r.overlapped_fraction > 0.5, by_kind
+
+
+@pytest.mark.thorough
+def test_without_the_options_nothing_overlaps_on_v6e():
+    r = _fsdp_chain_step("v6e:2x2", async_collectives=False)
+    assert r.total_bytes > 0 and r.overlapped_bytes == 0, r.overlap_by_kind()
+
+
 def test_mesh_must_cover_the_slice():
     with pytest.raises(ValueError, match="has 256"):
         pod.pod_mesh("v5e:16x16", {"fsdp": 8})
@@ -151,6 +189,37 @@ def test_a_bundled_model_at_another_depth():
     assert model.config.hidden_size == 4096 and spec.seq == 4096
     with pytest.raises(ValueError, match="another depth"):
         configs.gpt().at_depth(2)
+
+
+def _saved_activation_bytes(remat: bool) -> int:
+    """Bytes the small Llama's forward graph keeps for its backward, parameters aside."""
+    import math
+
+    import torch
+    from tpu_kernels.aot import graphs, remat as remat_
+    from tpu_kernels.aot.training import build
+    spec = configs.llama_small()
+    model, tokens = build(spec)
+    if remat:
+        remat_.checkpoint_layers(model)
+    params = {tuple(p.shape) for p in model.parameters()}
+    _, bw = graphs.capture(spec.loss, model, tokens)
+    return sum(math.prod(t.shape) * t.element_size() for t in bw.example_inputs
+               if isinstance(t, torch.Tensor) and tuple(t.shape) not in params)
+
+
+def test_remat_keeps_less_for_the_backward():
+    # each checkpointed layer keeps its input (and attention's outputs) instead of every
+    # activation: the backward graph recomputes the rest
+    full, kept = _saved_activation_bytes(False), _saved_activation_bytes(True)
+    assert kept < full / 3, (kept, full)
+
+
+def test_remat_needs_a_model_that_supports_it():
+    import torch
+    from tpu_kernels.aot import remat
+    with pytest.raises(ValueError, match="--remat"):
+        remat.checkpoint_layers(torch.nn.Linear(2, 2))
 
 
 def test_per_layer_figures_scale_linearly():

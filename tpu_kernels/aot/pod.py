@@ -244,6 +244,8 @@ def _outputs(program: GraphProgram, statics: tuple, key, arrays) -> list[Any]:
             out.append(entry[1])
         else:
             kind, where, geometry = entry
+            if kind == "whole":        # a new storage's only view: (size, stride, dtype, bytes)
+                geometry = (geometry[0], geometry[1], 0, geometry[2])
             out.append((arrays[where] if kind == "input" else storages[where], geometry))
     return out
 

@@ -27,6 +27,12 @@ ASYNC_COLLECTIVES: dict[str, str] = {
     "xla_tpu_enable_latency_hiding_scheduler": "true",
     "xla_tpu_enable_data_parallel_all_reduce_opt": "true",
     "xla_tpu_data_parallel_opt_different_sized_ops": "true",
+    # a collective fused with a matmul needs more scoped VMEM than the default 16 MiB
+    # (Llama-3-8B on v5e:16x16: an async collective fusion of an f32[1024,4096] collective
+    # with the dot of an f32[4096,4096] weight gradient needed 16.19 MiB, "Scoped
+    # allocation ... exceeded scoped vmem limit"); 32 MiB is
+    # within every pod chip's VMEM (v5e/v6e 128 MiB, v5p/v7x 64 MiB)
+    "xla_tpu_scoped_vmem_limit_kib": "32768",
 }
 
 

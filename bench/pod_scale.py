@@ -173,9 +173,10 @@ def overlap_lines(results: list[dict]) -> list[str]:
              f"{v['async_idle'] / MiB:,.0f} MiB async with no compute between start and done, "
              f"{v['synchronous'] / MiB:,.0f} MiB synchronous"
              for kind, v in sorted(r["overlap_by_kind"].items())]
-    how = ("with the async-collective options (`aot.overlap`)" if r.get("async_collectives")
-           else "with libtpu's default scheduling, counted before `aot.collectives` read "
-           "async collective fusions")
+    how = {True: "with the async-collective options (`aot.overlap`)",
+           False: "with libtpu's default scheduling (`--sync-collectives`)"}.get(
+        r.get("async_collectives"), "with libtpu's default scheduling, counted before "
+        "`aot.collectives` read async collective fusions")
     return [f"Overlap at {r['layers']} layers (compiled {how}): " + "; ".join(parts) + ".", ""]
 
 

@@ -134,13 +134,14 @@ HEADER = ["| depth | args GiB | temps GiB | peak HBM GiB per chip | collectives 
 def case_section(case: str, results: list[dict]) -> list[str]:
     model, topo, mesh = CASES[case]
     chip = tpu_info.chip(topo.partition(":")[0]).name
+    remat = ", each decoder layer checkpointed (`--remat`)" if case.endswith("+remat") else ""
     if not results:
-        return [f"## {model} on {topo} (mesh {mesh})", "",
+        return [f"## {model} on {topo} (mesh {mesh}{remat})", "",
                 f"Not compiled: no result kept for this case (`python -m tpu_kernels aot "
-                f"--model {model} --layers 1 --mesh {mesh} --topology {topo}`).", ""]
+                f"--model {model} --layers 1 --mesh {mesh} --topology {topo}"
+                + (" --remat" if remat else "") + "`).", ""]
     chips = math.prod(results[0]["mesh"].values())
     full = full_model(model, results[0]["tokens"])
-    remat = ", each decoder layer checkpointed (`--remat`)" if case.endswith("+remat") else ""
     out = [f"## {model} on {topo} ({chips} chips, mesh {mesh}{remat})", "",
            f"Full model: {full.layers} layers, {full.params / 1e9:.2f} B parameters; "
            f"{results[0]['tokens']} tokens per step (one 4096-token sequence per data shard); "

@@ -39,6 +39,8 @@ CASES = {
     "llama3-8b@v6e:8x8": ("llama3-8b", "v6e:8x8", "fsdp=16,tp=4"),
     "qwen3-moe-30b@v5e:16x16": ("qwen3-moe-30b", "v5e:16x16", "fsdp=64,ep=4"),
     "qwen3-moe-30b@v6e:8x8": ("qwen3-moe-30b", "v6e:8x8", "fsdp=16,ep=4"),
+    # the same with each decoder layer checkpointed (``aot --remat``)
+    "llama3-8b@v5e:16x16+remat": ("llama3-8b", "v5e:16x16", "fsdp=64,tp=4"),
 }
 LINEAR = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "step_seconds",
           "overlapped_bytes")
@@ -56,6 +58,7 @@ def compile_case(case: str, layers: int, keep: str, timeout: int) -> dict | None
     cmd = [sys.executable, "-m", "tpu_kernels", "aot", "--model", model, "--layers",
            str(layers), "--mesh", mesh, "--topology", topo, "--json",
            "--hlo", os.path.join(keep, f"{case.replace(':', '_')}-L{layers}.hlo")]
+    cmd += ["--remat"] if case.endswith("+remat") else []
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -131,13 +134,15 @@ HEADER = ["| depth | args GiB | temps GiB | peak HBM GiB per chip | collectives 
 def case_section(case: str, results: list[dict]) -> list[str]:
     model, topo, mesh = CASES[case]
     chip = tpu_info.chip(topo.partition(":")[0]).name
+    remat = ", each decoder layer checkpointed (`--remat`)" if case.endswith("+remat") else ""
     if not results:
-        return [f"## {model} on {topo} (mesh {mesh})", "",
+        return [f"## {model} on {topo} (mesh {mesh}{remat})", "",
                 f"Not compiled: no result kept for this case (`python -m tpu_kernels aot "
-                f"--model {model} --layers 1 --mesh {mesh} --topology {topo}`).", ""]
+                f"--model {model} --layers 1 --mesh {mesh} --topology {topo}"
+                + (" --remat" if remat else "") + "`).", ""]
     chips = math.prod(results[0]["mesh"].values())
     full = full_model(model, results[0]["tokens"])
-    out = [f"## {model} on {topo} ({chips} chips, mesh {mesh})", "",
+    out = [f"## {model} on {topo} ({chips} chips, mesh {mesh}{remat})", "",
            f"Full model: {full.layers} layers, {full.params / 1e9:.2f} B parameters; "
            f"{results[0]['tokens']} tokens per step (one 4096-token sequence per data shard); "
            f"{full.flops_per_step:.3g} model FLOPs per step.", "", *HEADER]
@@ -169,7 +174,11 @@ def overlap_lines(results: list[dict]) -> list[str]:
              f"{v['async_idle'] / MiB:,.0f} MiB async with no compute between start and done, "
              f"{v['synchronous'] / MiB:,.0f} MiB synchronous"
              for kind, v in sorted(r["overlap_by_kind"].items())]
-    return [f"Overlap at {r['layers']} layers (compiled): " + "; ".join(parts) + ".", ""]
+    how = {True: "with the async-collective options (`aot.overlap`)",
+           False: "with libtpu's default scheduling (`--sync-collectives`)"}.get(
+        r.get("async_collectives"), "with libtpu's default scheduling, counted before "
+        "`aot.collectives` read async collective fusions")
+    return [f"Overlap at {r['layers']} layers (compiled {how}): " + "; ".join(parts) + ".", ""]
 
 
 def main() -> None:

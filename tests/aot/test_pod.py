@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from tpu_kernels import aot
-from tpu_kernels.aot import collectives, configs, pod
+from tpu_kernels.aot import collectives, configs, overlap, pod
 from tpu_kernels.aot.compiler import compile_lowered
 
 pytestmark = pytest.mark.skipif(aot.unavailable_reason() is not None,
@@ -33,6 +33,60 @@ ENTRY %main (p0: bf16[64,128]) -> f32[8] {
 """
 
 
+# libtpu's async collective fusion (trimmed from a v5e:2x2 compile): the all-gather is
+# started by a fusion rooted at AsyncCollectiveStart, continues in a fusion that also runs
+# a convolution (the all-gather again in its body: the same collective), and ends at an
+# AsyncCollectiveDone fusion; the reduce-scatter is an all-reduce-scatter fusion
+FUSED = """\
+%start_body (p0: bf16[512,2048]) -> (bf16[512,2048], bf16[2048,2048], u32[]) {
+  %p0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.1 = bf16[2048,2048]{1,0} all-gather(%p0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"-1","flag_end":"-1"}}
+  ROOT %custom-call.1 = (bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.2 (q0: bf16[512,2048], q1: bf16[2048,2048], q2: u32[], q3: bf16[2048,2048], q4: bf16[2048,2048]) -> (bf16[2048,2048], bf16[512,2048], bf16[2048,2048], u32[]) {
+  %q3 = bf16[2048,2048]{1,0} parameter(3)
+  %q4 = bf16[2048,2048]{1,0} parameter(4)
+  %convolution.1 = bf16[2048,2048]{1,0} convolution(%q3, %q4), dim_labels=bf_io->bf
+  %q0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.2 = bf16[2048,2048]{1,0} all-gather(%q0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"2","flag_end":"2"}}
+  %q2 = u32[] parameter(2)
+  ROOT %tuple.1 = (bf16[2048,2048]{1,0}, bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) tuple(%convolution.1, %q0, %all-gather.2, %q2)
+}
+
+%done_body (r0: bf16[512,2048], r1: bf16[2048,2048], r2: u32[]) -> bf16[2048,2048] {
+  %r0 = bf16[512,2048]{1,0} parameter(0)
+  %all-gather.3 = bf16[2048,2048]{1,0} all-gather(%r0), channel_id=3, dimensions={0}, backend_config={"async_collective_fusion_config":{"flag_start":"2","flag_end":"2"}}
+  %r2 = u32[] parameter(2)
+  ROOT %custom-call.2 = bf16[2048,2048]{1,0} custom-call(%r0, %all-gather.3, %r2), custom_call_target="AsyncCollectiveDone"
+}
+
+%all-reduce-scatter (input: f32[2048,2048]) -> f32[512,2048] {
+  %input = f32[2048,2048]{1,0} parameter(0)
+  %all-reduce.1 = f32[2048,2048]{1,0} all-reduce(%input), channel_id=4, to_apply=%add
+  ROOT %dynamic-slice.1 = f32[512,2048]{1,0} dynamic-slice(%all-reduce.1, %c, %c), dynamic_slice_sizes={512,2048}
+}
+
+ENTRY %main (a: bf16[512,2048], x: bf16[2048,2048], w: bf16[2048,2048]) -> bf16[2048,2048] {
+  %a = bf16[512,2048]{1,0} parameter(0)
+  %x = bf16[2048,2048]{1,0} parameter(1)
+  %w = bf16[2048,2048]{1,0} parameter(2)
+  %async-collective-start = (bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) fusion(%a), kind=kCustom, calls=%start_body
+  %gte.0 = bf16[512,2048]{1,0} get-tuple-element(%async-collective-start), index=0
+  %gte.1 = bf16[2048,2048]{1,0} get-tuple-element(%async-collective-start), index=1
+  %gte.2 = u32[] get-tuple-element(%async-collective-start), index=2
+  %fusion.2 = (bf16[2048,2048]{1,0}, bf16[512,2048]{1,0}, bf16[2048,2048]{1,0}, u32[]) fusion(%gte.0, %gte.1, %gte.2, %x, %w), kind=kOutput, calls=%async_collective_fusion.2
+  %gte.3 = bf16[2048,2048]{1,0} get-tuple-element(%fusion.2), index=0
+  %gte.4 = bf16[512,2048]{1,0} get-tuple-element(%fusion.2), index=1
+  %gte.5 = bf16[2048,2048]{1,0} get-tuple-element(%fusion.2), index=2
+  %gte.6 = u32[] get-tuple-element(%fusion.2), index=3
+  %async-collective-done = bf16[2048,2048]{1,0} fusion(%gte.4, %gte.5, %gte.6), kind=kCustom, calls=%done_body
+  %rs = f32[512,2048]{1,0} fusion(%gte.3), kind=kCustom, calls=%all-reduce-scatter
+  ROOT %out = bf16[2048,2048]{1,0} add(%async-collective-done, %async-collective-done)
+}
+"""
+
+
 def test_parse_mesh():
     assert pod.parse_mesh("fsdp=64,tp=4") == {"fsdp": 64, "tp": 4}
     with pytest.raises(ValueError, match="AXIS=SIZE"):
@@ -47,6 +101,21 @@ def test_collectives_counts_bytes_and_overlap():
     assert r.overlapped_fraction == pytest.approx(16384 / (16384 + 4096 + 1024))
 
 
+def test_async_collective_fusion_is_one_overlapped_collective():
+    r = collectives.analyse(FUSED)
+    # one all-gather (not one per fusion body it appears in), one reduce-scatter
+    assert r.by_kind() == {"all-gather": (1, 2048 * 2048 * 2),
+                           "reduce-scatter": (1, 512 * 2048 * 4)}    # by its result
+    assert r.overlap_by_kind()["all-gather"] == dict(overlapped=2048 * 2048 * 2,
+                                                     async_idle=0, synchronous=0)
+    assert r.overlap_by_kind()["reduce-scatter"]["synchronous"] == 512 * 2048 * 4
+    # with nothing computing between start and done, the pair is async but idle
+    idle = FUSED.replace("%convolution.1 = bf16[2048,2048]{1,0} convolution(%q3, %q4), "
+                         "dim_labels=bf_io->bf", "%convolution.1 = bf16[2048,2048]{1,0} "
+                         "bitcast(%q3)")
+    assert collectives.analyse(idle).overlap_by_kind()["all-gather"]["async_idle"] > 0
+
+
 def test_a_sharded_program_compiles_for_256_chips():
     mesh, chip = pod.pod_mesh("v5e:16x16", {"fsdp": 64, "tp": 4})
     assert chip == "v5e" and mesh.size(("fsdp", "tp")) == 256
@@ -57,6 +126,44 @@ def test_a_sharded_program_compiles_for_256_chips():
     assert "all-gather" in r.by_kind(), r.by_kind()     # w is gathered over fsdp
     # each chip holds 1/256 of x and 1/256 of w, and the output's rows
     assert c.summary.argument_bytes == (4096 * 4096 + 4096 * 8192) * 2 // 256
+
+
+def _fsdp_chain_step(topology: str, async_collectives: bool) -> collectives.Report:
+    """A tiny FSDP training step (three bf16 matmul layers, weights and batch sharded over
+    4 chips, SGD) compiled for ``topology``: its collectives."""
+    mesh, chip = pod.pod_mesh(topology, {"fsdp": 4})
+    rows = mesh.sharding(("fsdp", None))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.mean(jnp.square(x.astype(jnp.float32)))
+
+    def step(ws, x):
+        grads = jax.grad(loss)(ws, x)
+        return [w - 1e-3 * g for w, g in zip(ws, grads)]
+    ws = [jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=rows) for _ in range(3)]
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16, sharding=rows)
+    jitted = jax.jit(step, out_shardings=[rows] * 3, donate_argnums=0)
+    c = compile_lowered(lambda: jitted.lower(ws, x), chip,
+                        overlap.compiler_options(async_collectives))
+    return collectives.analyse(c.as_text())
+
+
+def test_pod_options_overlap_collectives_with_compute():
+    # v6e: libtpu's defaults run these collectives synchronously; with the pod step's
+    # options the weight all-gathers (and gradient reduce-scatters) are async collective
+    # fusions with the next layer's matmul in flight
+    r = _fsdp_chain_step("v6e:2x2", async_collectives=True)
+    by_kind = r.overlap_by_kind()
+    assert by_kind["all-gather"]["overlapped"] > 0, by_kind
+    assert r.overlapped_fraction > 0.5, by_kind
+
+
+@pytest.mark.thorough
+def test_without_the_options_nothing_overlaps_on_v6e():
+    r = _fsdp_chain_step("v6e:2x2", async_collectives=False)
+    assert r.total_bytes > 0 and r.overlapped_bytes == 0, r.overlap_by_kind()
 
 
 def test_mesh_must_cover_the_slice():
@@ -95,6 +202,37 @@ def test_a_bundled_model_at_another_depth():
     assert model.config.hidden_size == 4096 and spec.seq == 4096
     with pytest.raises(ValueError, match="another depth"):
         configs.gpt().at_depth(2)
+
+
+def _saved_activation_bytes(remat: bool) -> int:
+    """Bytes the small Llama's forward graph keeps for its backward, parameters aside."""
+    import math
+
+    import torch
+    from tpu_kernels.aot import graphs, remat as remat_
+    from tpu_kernels.aot.training import build
+    spec = configs.llama_small()
+    model, tokens = build(spec)
+    if remat:
+        remat_.checkpoint_layers(model)
+    params = {tuple(p.shape) for p in model.parameters()}
+    _, bw = graphs.capture(spec.loss, model, tokens)
+    return sum(math.prod(t.shape) * t.element_size() for t in bw.example_inputs
+               if isinstance(t, torch.Tensor) and tuple(t.shape) not in params)
+
+
+def test_remat_keeps_less_for_the_backward():
+    # each checkpointed layer keeps its input (and attention's outputs) instead of every
+    # activation: the backward graph recomputes the rest
+    full, kept = _saved_activation_bytes(False), _saved_activation_bytes(True)
+    assert kept < full / 3, (kept, full)
+
+
+def test_remat_needs_a_model_that_supports_it():
+    import torch
+    from tpu_kernels.aot import remat
+    with pytest.raises(ValueError, match="--remat"):
+        remat.checkpoint_layers(torch.nn.Linear(2, 2))
 
 
 def test_per_layer_figures_scale_linearly():

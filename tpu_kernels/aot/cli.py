@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None,
                         help="with --mesh: build the model with this many decoder layers "
                              "(time a pod compile at small depth before the full one)")
+    parser.add_argument("--remat", action="store_true",
+                        help="with --mesh: checkpoint each decoder layer (the backward "
+                             "recomputes its activations: less HBM, more FLOPs)")
+    parser.add_argument("--sync-collectives", action="store_true",
+                        help="with --mesh: compile with libtpu's default collective "
+                             "scheduling, without the async-collective options "
+                             "(tpu_kernels.aot.overlap)")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -73,7 +80,9 @@ def _pod(args: argparse.Namespace) -> int:
     spec = load(args.model)
     if args.layers:
         spec = spec.at_depth(args.layers)
-    report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch)
+    report = pod.compile_pod_step(spec, args.topology, pod.parse_mesh(args.mesh), args.batch,
+                                  async_collectives=not args.sync_collectives,
+                                  remat=args.remat)
     if args.hlo:
         with open(args.hlo, "w") as f:
             f.write(report.hlo)

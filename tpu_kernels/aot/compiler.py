@@ -50,13 +50,15 @@ def compile(fn: Callable[..., Any], *specs: Any, chip: str = "v6e",
     return compile_lowered(lambda: jitted.lower(*placed), row.name)
 
 
-def compile_lowered(lower: Callable[[], jax.stages.Lowered], chip: str) -> Compiled:
+def compile_lowered(lower: Callable[[], jax.stages.Lowered], chip: str,
+                    compiler_options: dict[str, str] | None = None) -> Compiled:
     """Run ``lower()`` (a function that traces and lowers a program) and compile the result
-    for ``chip``, with kernels lowering to Mosaic for that chip."""
+    for ``chip``, with kernels lowering to Mosaic for that chip; ``compiler_options`` are
+    XLA/libtpu options for this compile (e.g. ``overlap.ASYNC_COLLECTIVES``)."""
     row = tpu_info.chip(chip)
     start = time.perf_counter()
     with tpu_info.compile_for(row), _no_persistent_cache():
-        executable = lower().compile()
+        executable = lower().compile(compiler_options=compiler_options or None)
     return Compiled(executable, summarize(executable, row.name, time.perf_counter() - start))
 
 

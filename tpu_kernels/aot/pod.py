@@ -11,6 +11,10 @@ saved tensors, and AdamW (f32 moments, sharded as the parameters) updating the p
 in place; the batch is split over the data axes ("fsdp", "dp", "ep"). XLA's partitioner inserts
 the collectives. The report gives the per-chip HBM, the collectives in the optimised HLO
 (``collectives.py``: counts, bytes, how many overlap compute), XLA's step estimate and MFU.
+By default the step compiles with libtpu's async-collective options (``overlap.py``;
+``async_collectives=False``, ``--sync-collectives``: libtpu's defaults); ``remat=True``
+(``--remat``) checkpoints each decoder layer (``remat.py``): the backward recomputes the
+layer's activations instead of keeping them.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ import jax.numpy as jnp
 import torch
 
 from tpu_kernels import spmd, spmd_moe, strided, transformers_moe
-from tpu_kernels.aot import collectives, graphs, topology
+from tpu_kernels.aot import collectives, graphs, overlap, topology
+from tpu_kernels.aot.remat import checkpoint_layers
 from tpu_kernels.aot.compiler import compile_lowered
 from tpu_kernels.dispatch import memory
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
@@ -83,6 +88,8 @@ class PodReport:
     summary: Summary                 # per chip (the SPMD program each chip runs)
     comms: collectives.Report
     hlo: str = dataclasses.field(default="", repr=False)    # the optimised HLO, per chip
+    async_collectives: bool = True   # compiled with overlap.ASYNC_COLLECTIVES
+    remat: bool = False              # each decoder layer checkpointed
 
     @property
     def chips(self) -> int:
@@ -104,7 +111,8 @@ class PodReport:
                                  for k, (n, b) in self.comms.by_kind().items()},
                     overlapped_fraction=self.comms.overlapped_fraction,
                     overlapped_bytes=self.comms.overlapped_bytes, loops=s.loops,
-                    overlap_by_kind=self.comms.overlap_by_kind())
+                    overlap_by_kind=self.comms.overlap_by_kind(),
+                    async_collectives=self.async_collectives, remat=self.remat)
 
     @property
     def mfu(self) -> float:
@@ -119,7 +127,9 @@ class PodReport:
         return "\n".join([
             f"{self.model} on {self.topology} ({self.chips} chips, mesh {mesh}): "
             f"{self.params / 1e9:.2f} B parameters, {self.tokens} tokens per step "
-            f"(compiled in {s.compile_seconds:.0f} s)",
+            f"(compiled in {s.compile_seconds:.0f} s"
+            + (", async-collective options" if self.async_collectives else "")
+            + (", layers rematerialised" if self.remat else "") + ")",
             f"  per-chip HBM: arguments {s.argument_bytes * gib:.2f} GiB, outputs "
             f"{s.output_bytes * gib:.2f} GiB (aliased {s.alias_bytes * gib:.2f}), temporaries "
             f"{s.temp_bytes * gib:.2f} GiB; peak {s.hbm_bytes * gib:.2f} GiB of "
@@ -147,15 +157,20 @@ def shard_model(model: torch.nn.Module, mesh: spmd.Mesh) -> None:
 
 
 def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
-                     batch: int | None = None) -> PodReport:
+                     batch: int | None = None, *, async_collectives: bool = True,
+                     remat: bool = False) -> PodReport:
     """Compile ``spec``'s training step for every chip of ``topology_name`` over ``axes``.
-    ``batch`` defaults to the spec's batch per data shard times the data axes' size."""
+    ``batch`` defaults to the spec's batch per data shard times the data axes' size;
+    ``async_collectives`` compiles with ``overlap.ASYNC_COLLECTIVES``; ``remat``
+    checkpoints each decoder layer."""
     mesh, chip = pod_mesh(topology_name, axes)
     data = tuple(a for a in DATA_AXES if a in mesh.shape)
     batch = batch or spec.batch * mesh.size(data)
     spec = dataclasses.replace(spec, batch=batch)
     model, tokens = build(spec)
     transformers_moe.use(model)     # MoE experts as one op: all_to_all expert parallelism
+    if remat:
+        checkpoint_layers(model)
     shard_model(model, mesh)
     spmd.mark_sharding(tokens, mesh, (data or None, None))
     # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
@@ -168,12 +183,14 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)
-        compiled = compile_lowered(lambda: jitted.lower(*args), chip)
+        compiled = compile_lowered(lambda: jitted.lower(*args), chip,
+                                   overlap.compiler_options(async_collectives))
     n_tokens = spec.batch * spec.seq
     return PodReport(spec.name, topology_name, chip, dict(axes),
                      sum(p.numel() for p in model.parameters()), n_tokens,
                      model_flops_per_token(spec, model) * n_tokens, compiled.summary,
-                     collectives.analyse(compiled.as_text()), compiled.as_text())
+                     collectives.analyse(compiled.as_text()), compiled.as_text(),
+                     async_collectives, remat)
 
 
 def _step(fw: graphs.Graph, bw: graphs.Graph, model: torch.nn.Module, mesh: spmd.Mesh):

@@ -14,6 +14,7 @@ the collectives. The report gives the per-chip HBM, the collectives in the optim
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import math
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import spmd, spmd_moe, strided, transformers_moe
+from tpu_kernels import spmd, spmd_kernels, spmd_moe, strided, transformers_moe
 from tpu_kernels.aot import collectives, graphs, topology
 from tpu_kernels.aot.compiler import compile_lowered
 from tpu_kernels.dispatch import memory
@@ -164,7 +165,7 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     experts = tuple(a for a in ("ep",) if a in mesh.shape)
     with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
             mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf), \
-            spmd_moe.expert_parallel(mesh.jax, data, experts):
+            spmd_moe.expert_parallel(mesh.jax, data, experts), flash_attention(mesh, data):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)
@@ -174,6 +175,26 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
                      sum(p.numel() for p in model.parameters()), n_tokens,
                      model_flops_per_token(spec, model) * n_tokens, compiled.summary,
                      collectives.analyse(compiled.as_text()), compiled.as_text())
+
+
+# the fused attention ops SDPA reaches, run by the flash Pallas kernel per shard
+_FLASH_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+@contextlib.contextmanager
+def flash_attention(mesh: spmd.Mesh, data: tuple[str, ...]):
+    """SDPA as the flash kernel run per shard (batch over ``data``, heads over "tp"):
+    a shard_map (``spmd_kernels.attention_parallel``), since the compile-only client has
+    no partitioner for the kernel; where that layout does not divide, XLA's attention."""
+    heads = tuple(a for a in ("tp",) if a in mesh.shape)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(spmd_kernels.attention_parallel(mesh.jax, data, heads))
+        for name in _FLASH_OPS:
+            op = getattr(torch.ops.aten, name).default
+            impl = next(i for i in REGISTRY.impls(op) if i.kind == "pallas")
+            stack.enter_context(REGISTRY.force(impl, interpret=False))
+        yield
 
 
 def _step(fw: graphs.Graph, bw: graphs.Graph, model: torch.nn.Module, mesh: spmd.Mesh):

@@ -159,7 +159,8 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
     transformers_moe.use(model)     # MoE experts as one op: all_to_all expert parallelism
     shard_model(model, mesh)
     spmd.mark_sharding(tokens, mesh, (data or None, None))
-    # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
+    # XLA lowerings only (a Mosaic kernel in a GSPMD program would need its operands whole),
+    # but for attention: the flash kernel per shard in a shard_map (flash_attention below).
     # The graphs are traced at global shapes for the pod's memory, not this host's: the
     # dispatcher's guard against results that cannot fit here does not apply.
     experts = tuple(a for a in ("ep",) if a in mesh.shape)

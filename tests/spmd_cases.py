@@ -368,6 +368,48 @@ def moe_expert_parallel() -> None:
                    for kind, shape in _shaped(hlo) if kind == "all-gather"), _shaped(hlo)
 
 
+def attention_parallel() -> None:
+    """Flash attention inside ``spmd_kernels.attention_parallel`` (a shard_map: batch over
+    "fsdp", q and kv heads over "tp", GQA 8/4): forward and gradients equal plain
+    attention on one device, each device runs the kernel on its own block (no collective),
+    and a layout that does not divide the heads is refused (XLA's attention runs)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from tpu_kernels import registry, spmd_kernels
+    mesh = spmd.Mesh((2, 4), ("fsdp", "tp"))
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, do = (jax.random.normal(k, (2, 8, 128, 64), jnp.float32) for k in keys[:2])
+    k, v = (jax.random.normal(k, (2, 4, 128, 64), jnp.float32) for k in keys[2:])
+
+    def plain(q, k, v):
+        kk, vv = (jnp.repeat(t, 2, axis=1) for t in (k, v))
+        s = jnp.einsum("bhsd,bhtd->bhst", q, kk, precision="highest") / 8.0
+        s = jnp.where(jnp.tril(jnp.ones((128, 128), bool)), s, -jnp.inf)
+        return jnp.einsum("bhst,bhtd->bhsd", jax.nn.softmax(s, -1), vv, precision="highest")
+    want, vjp = jax.vjp(plain, q, k, v)
+    grads = vjp(do)
+
+    def step(q, k, v, do):
+        out, lse = spmd_kernels.flash_attention_fwd(q, k, v, None, causal=True, scale=None)
+        return out, spmd_kernels.flash_attention_bwd(do, q, k, v, out, lse, None,
+                                                     causal=True, scale=None)
+    placed = [jax.device_put(t, mesh.sharding(("fsdp", "tp", None, None)))
+              for t in (q, k, v, do)]
+    with registry.interpret(), spmd_kernels.attention_parallel(mesh.jax, ("fsdp",), ("tp",)):
+        assert spmd_kernels.attention_refusal(q.shape, k.shape, None) is None
+        assert "do not divide" in spmd_kernels.attention_refusal((2, 6, 128, 64),
+                                                                 (2, 2, 128, 64), None)
+        out, (dq, dk, dv) = jax.jit(step)(*placed)
+        hlo = jax.jit(step).lower(*placed).compile().as_text()
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    for got, ref in zip((dq, dk, dv), grads):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert out.sharding.spec[:2] == ("fsdp", "tp") and \
+        out.addressable_shards[0].data.shape == (1, 2, 128, 64)
+    assert not _collectives(hlo), _collectives(hlo)
+    assert spmd_kernels.attention_refusal((2, 6, 128, 64), (2, 2, 128, 64), None) is None
+
+
 if __name__ == "__main__":
     case, *args = sys.argv[1:]
     assert len(jax.devices()) == 8, jax.devices()

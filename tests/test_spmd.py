@@ -76,6 +76,12 @@ def test_dispatched_kernels_run_per_shard():
     _run("dispatch_per_shard")
 
 
+def test_attention_parallel_equals_unsharded():
+    """Flash attention under ``spmd_kernels.attention_parallel`` (the pod step's
+    shard_map over batch x heads, GQA): forward and gradients equal one device."""
+    _run("attention_parallel", timeout=300)
+
+
 @pytest.mark.thorough
 def test_pallas_kernels_per_shard():
     _run("pallas_per_shard")

@@ -15,11 +15,18 @@ or a pod step alike), and each device runs the kernel on its own block:
 
 Other layouts fall back to replicated operands, as XLA would have done. On one device the
 wrapper is inlined (``custom_partitioning`` lowers to the kernel itself).
+
+Inside ``attention_parallel(mesh, batch, heads)`` flash attention runs instead as a
+``shard_map`` with batch over ``batch`` and heads over ``heads``, whatever the operands'
+shardings: for programs compiled where ``custom_partitioning`` has no partitioner
+(libtpu's compile-only topologies, which ``tpu_kernels.aot.pod``'s step compiles with).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from tpu_kernels.registry.kernel_modules import kernel_module
 
+log = logging.getLogger(__name__)
 attention = kernel_module("tpu_kernels.pallas.flash_attention")
 grouped = kernel_module("tpu_kernels.pallas.grouped_matmul")
 
@@ -102,6 +110,8 @@ _sharded_fwd.def_partition(_fwd_partition, sharding_rule=_attention_rule)
 def flash_attention_fwd(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
                         *, causal: bool, scale: float | None) -> tuple[jax.Array, jax.Array]:
     """``pallas.flash_attention.flash_attention_fwd``, run per shard of batch and heads."""
+    if _ATTENTION_LAYOUTS:
+        return _mapped(_fwd_shard, (q, k, v), mask, (3, 3, 3), (3, 2), causal, scale)
     return _sharded_fwd(q, k, v, mask, bool(causal), scale)
 
 
@@ -139,7 +149,82 @@ def flash_attention_bwd(do: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
                         causal: bool, scale: float | None
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``pallas.flash_attention.flash_attention_bwd``, run per shard of batch and heads."""
+    if _ATTENTION_LAYOUTS:
+        return _mapped(_bwd_shard, (do, q, k, v, out, lse), mask, (3, 3, 3, 3, 3, 2),
+                       (3, 3, 3), causal, scale)
     return _sharded_bwd(do, q, k, v, out, lse, mask, bool(causal), scale)
+
+
+# ---- flash attention with a layout given by the program's author (shard_map) ----------------
+
+_ATTENTION_LAYOUTS: list[tuple] = []
+
+
+@contextlib.contextmanager
+def attention_parallel(mesh: jax.sharding.Mesh, batch: tuple[str, ...],
+                       heads: tuple[str, ...]) -> Iterator[None]:
+    """Inside, flash attention traced for ``mesh`` runs as a ``shard_map`` (the Pallas
+    kernel on each device's block, forward and backward) with the batch over ``batch`` and
+    the query and key/value heads over ``heads``; where those do not divide the operands,
+    ``attention_refusal`` says why (the op's XLA lowering runs instead)."""
+    _ATTENTION_LAYOUTS.append((mesh, tuple(batch), tuple(heads)))
+    try:
+        yield
+    finally:
+        _ATTENTION_LAYOUTS.pop()
+
+
+def attention_refusal(q_shape: tuple, k_shape: tuple, mask_shape: tuple | None) -> str | None:
+    """Within ``attention_parallel``: None when its layout splits q [b, hq, s, d],
+    k/v [b, hkv, t, d] and the mask evenly (GQA groups whole per device), else why not."""
+    if not _ATTENTION_LAYOUTS:
+        return None
+    mesh, batch, heads = _ATTENTION_LAYOUTS[-1]
+    nb, nh = _size(mesh, batch), _size(mesh, heads)
+    reason = None
+    if q_shape[0] % nb or q_shape[1] % nh or k_shape[1] % nh:
+        reason = (f"batch {q_shape[0]} over {batch} ({nb}) or heads q {q_shape[1]} / kv "
+                  f"{k_shape[1]} over {heads} ({nh}) do not divide")
+    elif mask_shape is not None and len(mask_shape) == 4 and (
+            (mask_shape[0] not in (1, q_shape[0]) or mask_shape[1] not in (1, q_shape[1]))):
+        reason = f"mask {tuple(mask_shape)} neither broadcasts nor matches q {tuple(q_shape)}"
+    if reason:
+        log.warning("flash attention per shard refused (%s): XLA's attention runs", reason)
+    return reason
+
+
+def _fwd_shard(q, k, v, mask, causal, scale):
+    return attention.flash_attention_fwd(q, k, v, mask, causal=causal, scale=scale)
+
+
+def _bwd_shard(do, q, k, v, out, lse, mask, causal, scale):
+    return attention.flash_attention_bwd(do, q, k, v, out, lse, mask, causal=causal,
+                                         scale=scale)
+
+
+def _mapped(kernel, operands: tuple, mask, in_ranks: tuple, out_ranks: tuple, causal, scale):
+    """``kernel(*operands, mask, causal, scale)`` as a shard_map over the active layout:
+    dim 0 over its batch axes, dim 1 over its head axes (a mask dim of 1 stays whole)."""
+    mesh, batch, heads = _ATTENTION_LAYOUTS[-1]
+    b, h = batch or None, heads or None
+
+    def spec(rank):
+        return PartitionSpec(b, h, *(None,) * (rank - 2))
+    in_specs = [spec(r) for r in in_ranks]
+    args = list(operands)
+    if mask is not None:
+        if mask.ndim == 4:
+            in_specs.append(PartitionSpec(b if mask.shape[0] > 1 else None,
+                                          h if mask.shape[1] > 1 else None, None, None))
+        else:
+            in_specs.append(PartitionSpec())
+        args.append(mask)
+
+    def per_shard(*xs):
+        m = xs[len(operands)] if mask is not None else None
+        return kernel(*xs[:len(operands)], m, bool(causal), scale)
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=tuple(in_specs),
+                         out_specs=tuple(spec(r) for r in out_ranks), check_vma=False)(*args)
 
 
 # ---- grouped matmul: lhs [m, k] rows sorted by expert, rhs [e, k, n] -> [m, n] ------------

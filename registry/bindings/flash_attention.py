@@ -19,7 +19,8 @@ kernel = kernel_module("tpu_kernels.pallas.flash_attention")
 
 def _supports(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     m = attn_mask
-    return kernel.supports(query.shape, to_jax_dtype(query.dtype), key.shape, to_jax_dtype(key.dtype), value.shape, to_jax_dtype(value.dtype),
+    return spmd_kernels.attention_refusal(query.shape, key.shape,
+                                          None if m is None else m.shape) or kernel.supports(query.shape, to_jax_dtype(query.dtype), key.shape, to_jax_dtype(key.dtype), value.shape, to_jax_dtype(value.dtype),
                            None if m is None else m.shape, None if m is None else to_jax_dtype(m.dtype),
                            causal=is_causal, dropout_p=dropout_p)
 

@@ -260,3 +260,15 @@ def test_pod_step_at_small_depth(model, topology, mesh, capsys):
     out = capsys.readouterr().out
     assert code == 0, out          # 1: does not fit
     assert "all-gather" in out and "MFU" in out and f"{model}-L1 on {topology}" in out
+
+
+@pytest.mark.thorough
+def test_small_llama_step_runs_flash_attention_per_shard():
+    """The small Llama (GQA 4/2, seq 256) on v5e:2x4 (fsdp=4 x tp=2, ~30 s): SDPA is the
+    flash Pallas kernel per shard (forward and backward, both layers) and no chip holds
+    the f32 attention scores [batch/4, heads/2, 256, 256] that XLA's attention keeps."""
+    import dataclasses
+    spec = dataclasses.replace(configs.llama_small(), seq=256)
+    r = pod.compile_pod_step(spec, "v5e:2x4", {"fsdp": 4, "tp": 2})
+    assert r.hlo.count('custom_call_target="tpu_custom_call"') >= 4, r.summary.kernels
+    assert "f32[4,2,256,256]" not in r.hlo

@@ -18,6 +18,7 @@ layer's activations instead of keeping them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import math
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import spmd, spmd_moe, strided, transformers_moe
+from tpu_kernels import spmd, spmd_kernels, spmd_moe, strided, transformers_moe
 from tpu_kernels.aot import collectives, graphs, overlap, topology
 from tpu_kernels.aot.remat import checkpoint_layers
 from tpu_kernels.aot.compiler import compile_lowered
@@ -173,13 +174,14 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
         checkpoint_layers(model)
     shard_model(model, mesh)
     spmd.mark_sharding(tokens, mesh, (data or None, None))
-    # XLA lowerings only: a Mosaic kernel in a GSPMD program would need its operands whole.
+    # XLA lowerings only (a Mosaic kernel in a GSPMD program would need its operands whole),
+    # but for attention: the flash kernel per shard in a shard_map (flash_attention below).
     # The graphs are traced at global shapes for the pod's memory, not this host's: the
     # dispatcher's guard against results that cannot fit here does not apply.
     experts = tuple(a for a in ("ep",) if a in mesh.shape)
     with tpu_info.compile_for(chip), REGISTRY.only("xla"), \
             mock.patch.object(memory, "GUARD_MIN_BYTES", math.inf), \
-            spmd_moe.expert_parallel(mesh.jax, data, experts):
+            spmd_moe.expert_parallel(mesh.jax, data, experts), flash_attention(mesh, data):
         fw, bw = graphs.capture(spec.loss, model, tokens)
         step, args, shardings, donate = _step(fw, bw, model, mesh)
         jitted = jax.jit(step, out_shardings=shardings, donate_argnums=donate)
@@ -191,6 +193,26 @@ def compile_pod_step(spec: ModelSpec, topology_name: str, axes: dict[str, int],
                      model_flops_per_token(spec, model) * n_tokens, compiled.summary,
                      collectives.analyse(compiled.as_text()), compiled.as_text(),
                      async_collectives, remat)
+
+
+# the fused attention ops SDPA reaches, run by the flash Pallas kernel per shard
+_FLASH_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+@contextlib.contextmanager
+def flash_attention(mesh: spmd.Mesh, data: tuple[str, ...]):
+    """SDPA as the flash kernel run per shard (batch over ``data``, heads over "tp"):
+    a shard_map (``spmd_kernels.attention_parallel``), since the compile-only client has
+    no partitioner for the kernel; where that layout does not divide, XLA's attention."""
+    heads = tuple(a for a in ("tp",) if a in mesh.shape)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(spmd_kernels.attention_parallel(mesh.jax, data, heads))
+        for name in _FLASH_OPS:
+            op = getattr(torch.ops.aten, name).default
+            impl = next(i for i in REGISTRY.impls(op) if i.kind == "pallas")
+            stack.enter_context(REGISTRY.force(impl, interpret=False))
+        yield
 
 
 def _step(fw: graphs.Graph, bw: graphs.Graph, model: torch.nn.Module, mesh: spmd.Mesh):

@@ -30,6 +30,9 @@ from tpu_kernels import devices, inflight
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
+# a recording started by ``record_until_flush`` (not by deferred mode) runs once it is
+# this long: eager code after a compiled step's programs is recorded only briefly
+UNTIL_FLUSH_MAX_NODES = 64
 
 
 class Lazy:
@@ -103,6 +106,7 @@ class _State:
         self.program: Program | None = None
         self.flushes = 0
         self.compiles = 0
+        self.until_flush = False   # recording started by ``record_until_flush``
 
 
 _STATE = _State()
@@ -120,6 +124,16 @@ def start_recording() -> None:
 def stop_recording() -> None:
     """End one ``start_recording``; what was recorded runs at the next flush."""
     _STATE.depth -= 1
+
+
+def record_until_flush() -> None:
+    """Record from now on until the next flush (once, however often called): a compiled
+    training step's programs are recorded (``compile_step.py``), and the eager ops on
+    their outputs (a loss computed eagerly, backward's seed gradient) join them."""
+    with _lock:
+        if not _STATE.until_flush:
+            _STATE.until_flush = True
+            _STATE.depth += 1
 
 
 def _aval(v: Any) -> Any:
@@ -182,7 +196,7 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
             lazy = Lazy(aval, prog, (node, j))
             lazies.append(weakref.ref(lazy))
             outs.append(lazy)
-        full = node + 1 >= MAX_NODES
+        full = node + 1 >= (UNTIL_FLUSH_MAX_NODES if _STATE.until_flush and _STATE.depth == 1 else MAX_NODES)
     result = jax.tree.unflatten(treedef, outs)
     if full:
         flush()
@@ -210,6 +224,9 @@ def flush() -> None:
     """Run the current recording as one jitted program and fill its live placeholders."""
     with _lock:
         prog, _STATE.program = _STATE.program, None
+        if _STATE.until_flush:
+            _STATE.until_flush = False
+            _STATE.depth -= 1
     if prog is None or not prog.nodes:
         return
     live = [lz for lz in [r() for r in prog.lazies] if lz is not None]

@@ -28,19 +28,26 @@ from tpu_kernels.graph_program import GraphProgram, _no_key, _static, settings
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "1") not in ("", "0")
 
 
-class DeferredProgram(GraphProgram):
-    """A ``GraphProgram`` whose calls after the first are recorded, not run (see above).
-    ``starts_step``: a forward graph, whose call first runs what an earlier step left
-    recorded (a loop that never reads a value still runs one step per executable)."""
+class StepProgram(GraphProgram):
+    """A ``GraphProgram`` that is traced with recording paused (its ops run on the trace's
+    values even while a recording is open) and, where ``defers``, whose calls after the
+    first are recorded, not run (see above). ``starts_step``: a forward graph, whose call
+    first runs what an earlier step left recorded (a loop that never reads a value still
+    runs one step per executable)."""
 
-    starts_step = False
-
-    def __init__(self, *args: Any, starts_step: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, defers: bool = True, starts_step: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.defers = defers
         self.starts_step = starts_step
         self._recorders: dict[tuple, Callable] = {}   # statics -> the recorded function
 
+    def _trace(self, statics: tuple, key: Any, *arrays: Any) -> Any:
+        with lazy.paused():
+            return super()._trace(statics, key, *arrays)
+
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
+        if not self.defers:
+            return super()._run_jitted(args, sources)
         scalars = () if self.all_tensors else \
             tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
         statics = (settings(), scalars, tuple(g for _, g in sources))
@@ -71,11 +78,10 @@ def _bound(jitted: Callable, statics: tuple) -> Callable:
 
 
 def program_for(role: str, gm: Any, example_inputs: Any, options: Any) -> GraphProgram:
-    """The program for one of AOTAutograd's graphs: a ``DeferredProgram`` for a training
-    graph's forward and backward and for an inference graph that writes its inputs."""
-    if role == "inference" and not _writes_inputs(gm):
-        return GraphProgram(gm, example_inputs, options)
-    return DeferredProgram(gm, example_inputs, options, starts_step=role == "forward")
+    """The program for one of AOTAutograd's graphs: it defers for a training graph's
+    forward and backward and for an inference graph that writes its inputs."""
+    defers = role != "inference" or _writes_inputs(gm)
+    return StepProgram(gm, example_inputs, options, defers=defers, starts_step=role == "forward")
 
 
 def _writes_inputs(gm: Any) -> bool:

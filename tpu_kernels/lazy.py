@@ -18,10 +18,11 @@ fuses into the program that uses it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -107,13 +108,25 @@ class _State:
         self.flushes = 0
         self.compiles = 0
         self.until_flush = False   # recording started by ``record_until_flush``
+        self.paused = 0            # ``paused()`` blocks entered (a compiled graph being traced)
 
 
 _STATE = _State()
 
 
 def recording() -> bool:
-    return _STATE.depth > 0
+    return _STATE.depth > 0 and not _STATE.paused
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Ops run, not recorded, within the block: a compiled graph traced while a recording
+    is open dispatches its ops onto the trace's values."""
+    _STATE.paused += 1
+    try:
+        yield
+    finally:
+        _STATE.paused -= 1
 
 
 def start_recording() -> None:

@@ -51,18 +51,18 @@ class StepProgram(GraphProgram):
         scalars = () if self.all_tensors else \
             tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
         statics = (settings(), scalars, tuple(g for _, g in sources))
-        if not ON or statics not in self._outputs or self.eager:
-            return super()._run_jitted(args, sources)     # traces (or runs) now
+        known = self._recorders.get(statics) if ON else None
+        if known is None:
+            if not ON or statics not in self._outputs or self.eager:
+                return super()._run_jitted(args, sources)     # traces (or runs) now
+            known = self._recorders[statics] = (_bound(self._jitted, statics), self._outputs[statics])
+        fn, (layout, checks) = known
         if self.starts_step:
             lazy.flush()
         taken = self.n_random
         key = random_state.reserve(taken) if taken else _no_key()
-        fn = self._recorders.get(statics)
-        if fn is None:
-            fn = self._recorders[statics] = _bound(self._jitted, statics)
         storages, flags = lazy.record(fn, key, *[st.array for st, _ in sources])
         lazy.record_until_flush()
-        layout, checks = self._outputs[statics]
         for f, (op, c) in zip(flags, checks):
             errors.watch(f, op, c)
         return self._results(layout, sources, storages)
@@ -74,7 +74,6 @@ def _bound(jitted: Callable, statics: tuple) -> Callable:
     def run(key: Any, *arrays: Any) -> Any:
         return jitted(statics, key, *arrays)
     return run
-
 
 
 def program_for(role: str, gm: Any, example_inputs: Any, options: Any) -> GraphProgram:

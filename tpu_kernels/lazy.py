@@ -82,18 +82,32 @@ class Program:
         self._input_ids: dict[int, int] = {}
         self.lazies: list[weakref.ref] = []
 
-    def ref(self, v: Any) -> Any:
-        if type(v) is Lazy:
-            if v.value is None and v.program is self:
-                return v.slot
-            v = concrete(v)
-        key = id(v)
-        i = self._input_ids.get(key)
-        if i is None or not isinstance(v, (jax.Array, np.ndarray)):
-            i = self._input_ids[key] = len(self.inputs)
-            self.inputs.append(v)
-            self.input_avals.append(_aval_key(v))
-        return i
+    def refs(self, args: tuple) -> tuple[tuple, tuple]:
+        """The references of ``args`` (new inputs added) and their aval keys, in one pass."""
+        refs, keys = [], []
+        ids, inputs, avals = self._input_ids, self.inputs, self.input_avals
+        for v in args:
+            if type(v) is Lazy:
+                key = (v.aval.shape, v.aval.dtype)
+                keys.append(key)
+                if v.value is None:
+                    if v.program is self:
+                        refs.append(v.slot)
+                        continue
+                    v = concrete(v)
+                else:
+                    v = v.value
+            else:
+                key = _aval_key(v)
+                keys.append(key)
+            array = isinstance(v, (jax.Array, np.ndarray))
+            i = ids.get(id(v)) if array else None
+            if i is None:
+                i = ids[id(v)] = len(inputs)
+                inputs.append(v)
+                avals.append(key)
+            refs.append(i)
+        return tuple(refs), tuple(keys)
 
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
@@ -178,10 +192,11 @@ def _device_of(args: tuple) -> int:
     return 0 if d is None else devices.index_of_device(d)
 
 
-def out_spec(fn: Callable, args: Any) -> tuple:
+def out_spec(fn: Callable, args: Any, keys: tuple | None = None) -> tuple:
     """(output avals, treedef) of ``fn(*args)``, worked out once per function and argument
-    shapes; a caller that knows it already passes it to ``record``."""
-    key = (fn, tuple(_aval_key(a) for a in args))
+    shapes (``keys``: the arguments' ``_aval_key``s, if known); a caller that knows it
+    already passes it to ``record``."""
+    key = (fn, tuple(_aval_key(a) for a in args) if keys is None else keys)
     hit = _AVALS.get(key)
     if hit is None:
         out = jax.eval_shape(fn, *(_aval(a) for a in args))
@@ -200,9 +215,10 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
             prog = None
         if prog is None:
             prog = _STATE.program = Program(index)
-        leaves, treedef = out_spec(fn, args) if spec is None else spec
+        refs, keys = prog.refs(args)
+        leaves, treedef = out_spec(fn, args, keys) if spec is None else spec
         node = len(prog.nodes)
-        prog.nodes.append((fn, tuple([prog.ref(a) for a in args])))
+        prog.nodes.append((fn, refs))
         outs = []
         lazies = prog.lazies
         for j, aval in enumerate(leaves):

@@ -55,7 +55,9 @@ class StepProgram(GraphProgram):
         if known is None:
             if not ON or statics not in self._outputs or self.eager:
                 return super()._run_jitted(args, sources)     # traces (or runs) now
-            known = self._recorders[statics] = (_bound(self._jitted, statics), self._outputs[statics])
+            known = self._recorders[statics] = self._recorder(statics)
+        if known is _RUN_NOW:
+            return super()._run_jitted(args, sources)
         fn, (layout, checks) = known
         if self.starts_step:
             lazy.flush()
@@ -66,6 +68,20 @@ class StepProgram(GraphProgram):
         for f, (op, c) in zip(flags, checks):
             errors.watch(f, op, c)
         return self._results(layout, sources, storages)
+
+    def _recorder(self, statics: tuple) -> Any:
+        """(the recorded function, its outputs' layout) for a signature, or ``_RUN_NOW``
+        where the program writes a CPU input on the device (the caller reads it back at
+        once, so nothing would be deferred)."""
+        layout = self._outputs[statics]
+        written = {k for k, _ in layout[0][0]}
+        host = self.host.written if self.host is not None else set()
+        if any(k in written and k not in host for k in self.cpu_inputs):
+            return _RUN_NOW
+        return _bound(self._jitted, statics), layout
+
+
+_RUN_NOW = object()
 
 
 def _bound(jitted: Callable, statics: tuple) -> Callable:

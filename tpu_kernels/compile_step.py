@@ -4,18 +4,23 @@ A compiled training step is several programs: the forward graph (``loss = cm(x)`
 backward graph (``loss.backward()``) and, with ``torch.compile(opt.step)``, the
 optimizer's graph. Run one by one, each pays a launch, its arguments' handling and a
 dispatch of its own; hand-written JAX jits the whole step as one function. So a
-``DeferredProgram`` does not run its jitted function at once: it records it
-(``lazy.record``, the machinery of deferred mode) and returns tpu tensors over ``Lazy``
-placeholders. The next program of the step records after it (its inputs may be the
-placeholders: the forward's saved activations, the gradients), and the recording runs as
-one jitted program, into which XLA inlines the programs, when a value is needed: reading
-any output (``.item()``, printing, an eager op on it), the next step's forward, or any
-flush of deferred mode. Outputs nobody holds by then (activations the backward used)
-never leave the executable. Semantics are eager's: every observable read forces the run.
+``StepProgram`` does not run its jitted function at once: it records it (``lazy.record``,
+the machinery of deferred mode) and returns tpu tensors over ``Lazy`` placeholders, and
+recording stays on until the next flush (``lazy.record_until_flush``), so eager ops on
+the outputs (a loss computed eagerly, backward's seed gradient) are recorded too. The
+next program of the step records after it (its inputs may be the placeholders: the
+forward's saved activations, the gradients), and the recording runs as one jitted
+program, into which XLA inlines the programs, when a value is needed: reading any output
+(``.item()``, ``.cpu()``, printing, an op that cannot be recorded), the next step's
+forward, a recording grown past ``lazy.UNTIL_FLUSH_MAX_NODES``, or any flush of deferred
+mode. Outputs nobody holds by then (activations the backward used) never leave the
+executable. Semantics are eager's: every observable read forces the run.
 
 A program records only once it has been traced for its argument signature (the first
 call runs it), and only where a fusion can follow: the forward and backward graphs of
-training, and inference graphs that write their inputs (an optimizer step).
+training, and inference graphs that write their inputs (an optimizer step). Every
+program is traced with recording paused (its ops run on the trace's values).
+``TPU_KERNELS_COMPILE_DEFER=0`` turns the recording off (each program runs at once).
 """
 from __future__ import annotations
 

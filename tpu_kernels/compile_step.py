@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from tpu_kernels import errors, lazy, random_state
+from tpu_kernels import devices, errors, lazy, random_state
 from tpu_kernels.graph_program import GraphProgram, _no_key, _static, settings
 
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "1") not in ("", "0")
@@ -42,7 +42,10 @@ class StepProgram(GraphProgram):
 
     def __init__(self, *args: Any, defers: bool = True, starts_step: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.defers = defers
+        # a program a hook jits its own way (collectives over a mesh), or one among several
+        # devices, runs at once: a recording holds one device's plain programs
+        own_jit = getattr(self._jitted, "__wrapped__", None) == self._trace
+        self.defers = defers and own_jit and not devices.several
         self.starts_step = starts_step
         self._recorders: dict[tuple, Callable] = {}   # statics -> the recorded function
 

@@ -24,19 +24,21 @@ def sync(x: Any) -> None:
 
 
 def measure(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 20,
-            min_time: float = 0.0) -> dict[str, float]:
-    """Seconds per call: first call (compile included), median, min, max after warm-up."""
-    t0 = time.perf_counter()
+            min_time: float = 0.0, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Seconds per call: first call (compile included), median, min, max after warm-up.
+    ``clock``: wall time, or e.g. ``time.process_time`` (the CPU time of all the process's
+    threads, XLA's included: steadier than wall time on a loaded machine)."""
+    t0 = clock()
     sync(fn())
-    first = time.perf_counter() - t0
+    first = clock() - t0
     for _ in range(warmup):
         sync(fn())
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < iters or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
+        t0 = clock()
         sync(fn())
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     med = statistics.median(times)
     return {"first": first, "median": med, "min": min(times), "max": max(times),
             "compile": max(first - med, 0.0), "n": len(times)}

@@ -19,7 +19,7 @@ from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 
-from tpu_kernels import compile_fast_path, compile_options, flex_attention, graph_patterns
+from tpu_kernels import compile_fast_path, compile_step, compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
@@ -29,9 +29,10 @@ PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for 
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                  options: CompileOptions | None = None) -> Callable:
-    """AOTAutograd's compiler hook: one ATen graph -> one jitted program (boxed call)."""
-    program = GraphProgram(gm, example_inputs, options)
+                  options: CompileOptions | None = None, role: str = "inference") -> Callable:
+    """AOTAutograd's compiler hook: one ATen graph -> one jitted program (boxed call).
+    ``role``: "forward" or "backward" (of a training graph) or "inference"."""
+    program = compile_step.program_for(role, gm, example_inputs, options)
     context = torch._guards.TracingContext.try_get()
     # what AOTAutograd's wrappers do around this graph (see compile_fast_path.py)
     program.aot_meta = context.fw_metadata if context is not None else None
@@ -42,7 +43,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
                 options: dict[str, Any] | None = None) -> Callable:
     """The ``tpu`` Dynamo backend (``mode`` and ``options`` as ``torch.compile`` passes them)."""
-    compiler = functools.partial(compile_graph, options=compile_options.parse(mode, options))
+    parsed = compile_options.parse(mode, options)
+    compiler = functools.partial(compile_graph, options=parsed)
     # in-place updates of inputs stay inside inference graphs (an optimizer step): the
     # program writes the new values into the inputs' storages instead of AOTAutograd
     # copying each one back op by op
@@ -53,7 +55,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # (an optimizer's state, installed as attributes), in its order
     lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
               *dict(gm.named_buffers(remove_duplicate=False)).values()]
-    compiled = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+    compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
+                            bw_compiler=functools.partial(compiler, role="backward"),
                             keep_inference_input_mutations=True)(gm, example_inputs)
     return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs, training) or compiled
 

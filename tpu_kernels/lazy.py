@@ -18,10 +18,11 @@ fuses into the program that uses it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -30,6 +31,9 @@ from tpu_kernels import devices, inflight
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
+# a recording started by ``record_until_flush`` (not by deferred mode) runs once it is
+# this long: eager code after a compiled step's programs is recorded only briefly
+UNTIL_FLUSH_MAX_NODES = 64
 
 
 class Lazy:
@@ -78,18 +82,32 @@ class Program:
         self._input_ids: dict[int, int] = {}
         self.lazies: list[weakref.ref] = []
 
-    def ref(self, v: Any) -> Any:
-        if type(v) is Lazy:
-            if v.value is None and v.program is self:
-                return v.slot
-            v = concrete(v)
-        key = id(v)
-        i = self._input_ids.get(key)
-        if i is None or not isinstance(v, (jax.Array, np.ndarray)):
-            i = self._input_ids[key] = len(self.inputs)
-            self.inputs.append(v)
-            self.input_avals.append(_aval_key(v))
-        return i
+    def refs(self, args: tuple) -> tuple[tuple, tuple]:
+        """The references of ``args`` (new inputs added) and their aval keys, in one pass."""
+        refs, keys = [], []
+        ids, inputs, avals = self._input_ids, self.inputs, self.input_avals
+        for v in args:
+            if type(v) is Lazy:
+                key = (v.aval.shape, v.aval.dtype)
+                keys.append(key)
+                if v.value is None:
+                    if v.program is self:
+                        refs.append(v.slot)
+                        continue
+                    v = concrete(v)
+                else:
+                    v = v.value
+            else:
+                key = _aval_key(v)
+                keys.append(key)
+            array = isinstance(v, (jax.Array, np.ndarray))
+            i = ids.get(id(v)) if array else None
+            if i is None:
+                i = ids[id(v)] = len(inputs)
+                inputs.append(v)
+                avals.append(key)
+            refs.append(i)
+        return tuple(refs), tuple(keys)
 
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
@@ -103,13 +121,26 @@ class _State:
         self.program: Program | None = None
         self.flushes = 0
         self.compiles = 0
+        self.until_flush = False   # recording started by ``record_until_flush``
+        self.paused = 0            # ``paused()`` blocks entered (a compiled graph being traced)
 
 
 _STATE = _State()
 
 
 def recording() -> bool:
-    return _STATE.depth > 0
+    return _STATE.depth > 0 and not _STATE.paused
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Ops run, not recorded, within the block: a compiled graph traced while a recording
+    is open dispatches its ops onto the trace's values."""
+    _STATE.paused += 1
+    try:
+        yield
+    finally:
+        _STATE.paused -= 1
 
 
 def start_recording() -> None:
@@ -120,6 +151,16 @@ def start_recording() -> None:
 def stop_recording() -> None:
     """End one ``start_recording``; what was recorded runs at the next flush."""
     _STATE.depth -= 1
+
+
+def record_until_flush() -> None:
+    """Record from now on until the next flush (once, however often called): a compiled
+    training step's programs are recorded (``compile_step.py``), and the eager ops on
+    their outputs (a loss computed eagerly, backward's seed gradient) join them."""
+    with _lock:
+        if not _STATE.until_flush:
+            _STATE.until_flush = True
+            _STATE.depth += 1
 
 
 def _aval(v: Any) -> Any:
@@ -151,10 +192,11 @@ def _device_of(args: tuple) -> int:
     return 0 if d is None else devices.index_of_device(d)
 
 
-def out_spec(fn: Callable, args: Any) -> tuple:
+def out_spec(fn: Callable, args: Any, keys: tuple | None = None) -> tuple:
     """(output avals, treedef) of ``fn(*args)``, worked out once per function and argument
-    shapes; a caller that knows it already passes it to ``record``."""
-    key = (fn, tuple(_aval_key(a) for a in args))
+    shapes (``keys``: the arguments' ``_aval_key``s, if known); a caller that knows it
+    already passes it to ``record``."""
+    key = (fn, tuple(_aval_key(a) for a in args) if keys is None else keys)
     hit = _AVALS.get(key)
     if hit is None:
         out = jax.eval_shape(fn, *(_aval(a) for a in args))
@@ -173,16 +215,17 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
             prog = None
         if prog is None:
             prog = _STATE.program = Program(index)
-        leaves, treedef = out_spec(fn, args) if spec is None else spec
+        refs, keys = prog.refs(args)
+        leaves, treedef = out_spec(fn, args, keys) if spec is None else spec
         node = len(prog.nodes)
-        prog.nodes.append((fn, tuple([prog.ref(a) for a in args])))
+        prog.nodes.append((fn, refs))
         outs = []
         lazies = prog.lazies
         for j, aval in enumerate(leaves):
             lazy = Lazy(aval, prog, (node, j))
             lazies.append(weakref.ref(lazy))
             outs.append(lazy)
-        full = node + 1 >= MAX_NODES
+        full = node + 1 >= (UNTIL_FLUSH_MAX_NODES if _STATE.until_flush and _STATE.depth == 1 else MAX_NODES)
     result = jax.tree.unflatten(treedef, outs)
     if full:
         flush()
@@ -210,6 +253,9 @@ def flush() -> None:
     """Run the current recording as one jitted program and fill its live placeholders."""
     with _lock:
         prog, _STATE.program = _STATE.program, None
+        if _STATE.until_flush:
+            _STATE.until_flush = False
+            _STATE.depth -= 1
     if prog is None or not prog.nodes:
         return
     live = [lz for lz in [r() for r in prog.lazies] if lz is not None]

@@ -1,0 +1,218 @@
+"""Where one compiled training step of the small GPT spends its time.
+
+    python -m tpu_kernels.bench.step_profile [--size small] [--steps 20]
+
+The step is ``bench/graph_modes.py``'s "tpu compiled" step (a compiled ``model.loss``,
+``loss.backward()``, a compiled ``opt.step``). Reported per step (medians over
+``--steps`` steps after warm-up): wall time and the process's CPU time of the step, time
+in each compiled program's call (``GraphProgram.__call__``) and in its jitted function,
+the Python time outside them, the executables XLA ran (jitted calls, counted through
+JAX's Python path: a separate counting step with JAX's C++ fast path off) and the
+host syncs (a jax array read to the host or waited on). And, for comparison, the same
+for the hand-written JAX step (``bench/jax_gpt.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import statistics
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import torch
+
+from tpu_kernels import graph_program, lazy
+from tpu_kernels.bench import graph_modes, jax_gpt
+from tpu_kernels.bench.timing import sync
+from tpu_kernels.models import GPT
+
+
+class _Clock:
+    """Per-step totals of named stretches (wall seconds, CPU seconds of the thread that
+    ran them) and counts."""
+
+    def __init__(self) -> None:
+        self.wall: collections.Counter = collections.Counter()
+        self.cpu: collections.Counter = collections.Counter()   # the span's thread's CPU time
+        self.count: collections.Counter = collections.Counter()
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.wall[name] += time.perf_counter() - t0
+            self.cpu[name] += time.thread_time() - c0
+            self.count[name] += 1
+
+
+@contextlib.contextmanager
+def _instrumented(clock: _Clock) -> Iterator[None]:
+    """Times every ``GraphProgram`` call and its jitted function's call."""
+    call, run = graph_program.GraphProgram.__call__, graph_program.GraphProgram._run_jitted
+
+    def timed_call(self, *args):
+        with clock.span(f"program {_name(self)}"):
+            return call(self, *args)
+
+    def timed_run(self, args, sources):
+        jitted = self._jitted
+
+        def jit_call(*a):
+            _last[_name(self)] = (jitted, a)
+            with clock.span(f"  jit call {_name(self)}"):
+                return jitted(*a)
+        self._jitted = jit_call
+        try:
+            return run(self, args, sources)
+        finally:
+            self._jitted = jitted
+    run_on, flush = lazy._run_on, lazy.flush
+
+    def timed_flush():
+        with clock.span("lazy flush (the run included)"):
+            return flush()
+
+    def timed_run_on(index, fn, inputs):
+        _last["recorded step"] = (fn, inputs)
+        with clock.span("  run of the recording (lazy flush)"):
+            return run_on(index, fn, inputs)
+    graph_program.GraphProgram.__call__ = timed_call
+    graph_program.GraphProgram._run_jitted = timed_run
+    lazy._run_on, lazy.flush = timed_run_on, timed_flush
+    try:
+        yield
+    finally:
+        graph_program.GraphProgram.__call__ = call
+        graph_program.GraphProgram._run_jitted = run
+        lazy._run_on, lazy.flush = run_on, flush
+
+
+def _name(program: Any) -> str:
+    n = sum(1 for nd in program.gm.graph.nodes if nd.op == "placeholder")
+    return f"#{_ids.setdefault(id(program), len(_ids))} ({n} inputs)"
+
+
+_ids: dict[int, int] = {}
+_last: dict[str, tuple] = {}     # program -> (its jitted function, its last arguments)
+
+
+def exe_times(reps: int = 30) -> dict[str, float]:
+    """Median seconds of each program's jitted function alone, called again on its last
+    arguments and waited for (its executable's run plus JAX's dispatch)."""
+    out = {}
+    for name, (fn, args) in _last.items():
+        jax.block_until_ready(fn(*args))
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    return out
+
+
+@contextlib.contextmanager
+def _counted(counts: collections.Counter) -> Iterator[None]:
+    """Counts executables run (JAX's C++ fast path off, so each goes through Python) and
+    host syncs (an array's value read or waited on)."""
+    from jax._src import array, pjit
+    from jax._src.interpreters import pxla
+    fast, execute = pjit._get_fastpath_data, pxla.ExecuteReplicated.__call__
+    value, ready = array.ArrayImpl._value, array.ArrayImpl.block_until_ready
+
+    def counted_execute(self, *args):
+        counts[f"executable {self.name}"] += 1
+        return execute(self, *args)
+
+    def counted_value(self):
+        if self._npy_value is None:
+            counts["host read (array value)"] += 1
+        return value.fget(self)
+
+    def counted_ready(self):
+        counts["block_until_ready"] += 1
+        return ready(self)
+    pjit._get_fastpath_data = lambda *a, **k: None
+    jax.clear_caches()     # drops the C++ fast path's entries (the step compiles again)
+    pxla.ExecuteReplicated.__call__ = counted_execute
+    array.ArrayImpl._value = property(counted_value)
+    array.ArrayImpl.block_until_ready = counted_ready
+    try:
+        yield
+    finally:
+        pjit._get_fastpath_data, pxla.ExecuteReplicated.__call__ = fast, execute
+        array.ArrayImpl._value, array.ArrayImpl.block_until_ready = value, ready
+
+
+def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
+    for _ in range(4):
+        sync(step())
+    clock = _Clock()
+    walls, cpus, spans = [], [], collections.defaultdict(list)
+    thread_cpu = collections.defaultdict(list)
+    with _instrumented(clock):
+        for _ in range(steps):
+            clock.wall.clear()
+            clock.cpu.clear()
+            w0, c0 = time.perf_counter(), time.process_time()
+            loss = step()
+            w1, c1 = time.perf_counter(), time.process_time()
+            sync(loss)
+            walls.append(time.perf_counter() - w0)
+            cpus.append(c1 - c0)
+            spans["dispatch (until the step returns)"].append(w1 - w0)
+            for k, v in clock.wall.items():
+                spans[k].append(v)
+                thread_cpu[k].append(clock.cpu[k])
+    counts: collections.Counter = collections.Counter()
+    with _counted(counts):
+        sync(step())
+        counts.clear()
+        sync(step())
+    med = {k: statistics.median(v) for k, v in spans.items()}
+    med_cpu = {k: statistics.median(v) for k, v in thread_cpu.items()}
+    exe = exe_times()
+    programs = sum(v for k, v in med.items() if k.startswith("program"))
+    out(f"step wall (synced) {statistics.median(walls) * 1e3:8.3f} ms   "
+        f"CPU time while dispatching {statistics.median(cpus) * 1e3:8.3f} ms")
+    out(f"  {'span':<44} {'wall':>8}    {'thread CPU':>10}")
+    for k in sorted(med):
+        cpu = f"{med_cpu[k] * 1e3:8.3f} ms" if k in med_cpu else ""
+        out(f"  {k:<44} {med[k] * 1e3:8.3f} ms {cpu}")
+    out(f"  {'Python outside programs (dispatch - programs)':<44} "
+        f"{(med['dispatch (until the step returns)'] - programs) * 1e3:8.3f} ms")
+    for k, v in exe.items():
+        out(f"  {'exe alone ' + k:<44} {v * 1e3:8.3f} ms")
+    out(f"  {'exe alone, all programs':<44} {sum(exe.values()) * 1e3:8.3f} ms")
+    for k, n in sorted(counts.items()):
+        out(f"  {k:<60} x{n}")
+    return {"wall": statistics.median(walls), "spans": med, "counts": dict(counts)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="small")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--modes", default="tpu compiled,jax jit")
+    a = p.parse_args()
+    cfg, batch = graph_modes.SIZES[a.size]
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq + 1))
+    for mode in a.modes.split(","):
+        print(f"\n{mode}, {a.size}:")
+        _last.clear()
+        if mode == "jax jit":
+            _, jstep = jax_gpt.jitted(cfg.layers, cfg.heads)
+            params = jax_gpt.params_from(model)
+            _last["jax step"] = (jstep, (params, jax_gpt.init_state(params), jax_gpt.tokens_from(tokens)))
+        profile(graph_modes._train_step(mode, model, tokens), a.steps)
+    jax.clear_caches()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""A training step's compiled programs run as one XLA executable.
+
+A compiled training step is several programs: the forward graph (``loss = cm(x)``), the
+backward graph (``loss.backward()``) and, with ``torch.compile(opt.step)``, the
+optimizer's graph. Run one by one, each pays a launch, its arguments' handling and a
+dispatch of its own; hand-written JAX jits the whole step as one function. So a
+``StepProgram`` does not run its jitted function at once: it records it (``lazy.record``,
+the machinery of deferred mode) and returns tpu tensors over ``Lazy`` placeholders, and
+recording stays on until the next flush (``lazy.record_until_flush``), so eager ops on
+the outputs (a loss computed eagerly, backward's seed gradient) are recorded too. The
+next program of the step records after it (its inputs may be the placeholders: the
+forward's saved activations, the gradients), and the recording runs as one jitted
+program, into which XLA inlines the programs, when a value is needed: reading any output
+(``.item()``, ``.cpu()``, printing, an op that cannot be recorded), the next step's
+forward, a recording grown past ``lazy.UNTIL_FLUSH_MAX_NODES``, or any flush of deferred
+mode. Outputs nobody holds by then (activations the backward used) never leave the
+executable. Semantics are eager's: every observable read forces the run.
+
+A program records only once it has been traced for its argument signature (the first
+call runs it), and only where a fusion can follow: the forward and backward graphs of
+training, and inference graphs that write their inputs (an optimizer step). Every
+program is traced with recording paused (its ops run on the trace's values).
+``TPU_KERNELS_COMPILE_DEFER=0`` turns the recording off (each program runs at once).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from tpu_kernels import devices, errors, lazy, random_state
+from tpu_kernels.graph_program import GraphProgram, _no_key, _static, settings
+
+ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "1") not in ("", "0")
+
+
+class StepProgram(GraphProgram):
+    """A ``GraphProgram`` that is traced with recording paused (its ops run on the trace's
+    values even while a recording is open) and, where ``defers``, whose calls after the
+    first are recorded, not run (see above). ``starts_step``: a forward graph, whose call
+    first runs what an earlier step left recorded (a loop that never reads a value still
+    runs one step per executable)."""
+
+    def __init__(self, *args: Any, defers: bool = True, starts_step: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a program a hook jits its own way (collectives over a mesh), or one among several
+        # devices, runs at once: a recording holds one device's plain programs
+        own_jit = getattr(self._jitted, "__wrapped__", None) == self._trace
+        self.defers = defers and own_jit and not devices.several
+        self.starts_step = starts_step
+        self._recorders: dict[tuple, Callable] = {}   # statics -> the recorded function
+
+    def _trace(self, statics: tuple, key: Any, *arrays: Any) -> Any:
+        with lazy.paused():
+            return super()._trace(statics, key, *arrays)
+
+    def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
+        if not self.defers:
+            return super()._run_jitted(args, sources)
+        scalars = () if self.all_tensors else \
+            tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
+        statics = (settings(), scalars, tuple(g for _, g in sources))
+        known = self._recorders.get(statics) if ON else None
+        if known is None:
+            if not ON or statics not in self._outputs or self.eager:
+                return super()._run_jitted(args, sources)     # traces (or runs) now
+            known = self._recorders[statics] = self._recorder(statics)
+        if known is _RUN_NOW:
+            return super()._run_jitted(args, sources)
+        fn, (layout, checks) = known
+        if self.starts_step:
+            lazy.flush()
+        taken = self.n_random
+        key = random_state.reserve(taken) if taken else _no_key()
+        storages, flags = lazy.record(fn, key, *[st.array for st, _ in sources])
+        lazy.record_until_flush()
+        for f, (op, c) in zip(flags, checks):
+            errors.watch(f, op, c)
+        return self._results(layout, sources, storages)
+
+    def _recorder(self, statics: tuple) -> Any:
+        """(the recorded function, its outputs' layout) for a signature, or ``_RUN_NOW``
+        where the program writes a CPU input on the device (the caller reads it back at
+        once, so nothing would be deferred)."""
+        layout = self._outputs[statics]
+        written = {k for k, _ in layout[0][0]}
+        host = self.host.written if self.host is not None else set()
+        if any(k in written and k not in host for k in self.cpu_inputs):
+            return _RUN_NOW
+        return _bound(self._jitted, statics), layout
+
+
+_RUN_NOW = object()
+
+
+def _bound(jitted: Callable, statics: tuple) -> Callable:
+    """``jitted`` with its static arguments bound: one stable function per signature, so
+    recordings made of it are cached (``lazy`` keys programs by their functions)."""
+    def run(key: Any, *arrays: Any) -> Any:
+        return jitted(statics, key, *arrays)
+    return run
+
+
+def program_for(role: str, gm: Any, example_inputs: Any, options: Any) -> GraphProgram:
+    """The program for one of AOTAutograd's graphs: it defers for a training graph's
+    forward and backward and for an inference graph that writes its inputs."""
+    defers = role != "inference" or _writes_inputs(gm)
+    return StepProgram(gm, example_inputs, options, defers=defers, starts_step=role == "forward")
+
+
+def _writes_inputs(gm: Any) -> bool:
+    import torch
+    placeholders = set(gm.graph.find_nodes(op="placeholder"))
+    return any(n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders
+               for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default))

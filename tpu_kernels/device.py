@@ -91,12 +91,19 @@ def _persistent_compile_cache() -> None:
 
     ``TPU_KERNELS_JAX_CACHE`` names the directory (default ~/.cache/tpu_kernels/jax);
     ``0`` turns it off. A cache directory the user configured in JAX is left alone.
+    ``TPU_KERNELS_JAX_CACHE_MB`` bounds it (default 4096; least recently used entries go).
     """
     where = os.environ.get("TPU_KERNELS_JAX_CACHE", os.path.expanduser("~/.cache/tpu_kernels/jax"))
     if where == "0" or jax.config.jax_compilation_cache_dir:
         return
     jax.config.update("jax_compilation_cache_dir", where)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # a bound turns on JAX's eviction, and with it a file lock around every read and write:
+    # without it one process can read an entry another is still writing, and XLA aborts
+    # the reader deserializing the truncated executable (several pytest-xdist workers, or
+    # any processes sharing the directory, compile the same small programs)
+    megabytes = int(os.environ.get("TPU_KERNELS_JAX_CACHE_MB", "4096"))
+    jax.config.update("jax_compilation_cache_max_size", megabytes * 2**20)
 
 
 def _keep_ties_when_moving_modules() -> None:

@@ -3,6 +3,7 @@ torch.accelerator, pinned memory, channels_last (issue 20)."""
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -199,3 +200,17 @@ def test_import_leaves_dynamo_to_the_first_compile():
     else:
         assert dynamo == "True", out.stdout
     assert out.stdout.split()[3] == "6.0", out.stdout
+
+
+def test_persistent_compile_cache_is_bounded_and_locked(tmp_path):
+    """A bound turns on JAX's eviction and its file lock: a process never reads an entry
+    another is still writing (an XLA abort on the truncated executable)."""
+    code = ("import jax, tpu_kernels, torch; (torch.ones(3, device='tpu') + 1).cpu(); "
+            "from jax._src import compilation_cache as cc; "
+            "c = cc._cache; print(jax.config.jax_compilation_cache_max_size, c.eviction_enabled)")
+    env = dict(os.environ, TPU_KERNELS_JAX_CACHE=str(tmp_path), TPU_KERNELS_JAX_CACHE_MB="64",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == [str(64 * 2**20), "True"]
+    assert list(tmp_path.glob("*-cache")), "nothing was written to the cache"

@@ -97,7 +97,10 @@ def scaled(lo: dict, hi: dict, layers: int) -> dict:
     """``hi``'s per-chip figures scaled from its depth to ``layers`` (per layer: the
     difference between ``hi`` and ``lo`` over their depth difference)."""
     k = (layers - hi["layers"]) / (hi["layers"] - lo["layers"])
-    out = {f: hi[f] + k * (hi[f] - lo[f]) for f in LINEAR}
+    # a figure that fell with depth (XLA scheduled the deeper program tighter) is not
+    # extrapolated downwards: it keeps ``hi``'s value, a lower bound (``shrunk`` names it)
+    out = {f: hi[f] + k * max(hi[f] - lo[f], 0) for f in LINEAR}
+    out["shrunk"] = [f for f in LINEAR if hi[f] < lo[f]]
     out["collectives"] = {
         kind: {q: c[q] + k * (c[q] - lo["collectives"].get(kind, {}).get(q, 0))
                for q in ("count", "bytes")}
@@ -152,8 +155,13 @@ def case_section(case: str, results: list[dict]) -> list[str]:
     if len(results) >= 2:
         lo, hi = results[-2], results[-1]
         s = dict(scaled(lo, hi, full.layers))
-        out.append(_row(f"**{full.layers} (scaled)**",
+        bound = ", temps a lower bound" if "temp_bytes" in s["shrunk"] else ""
+        out.append(_row(f"**{full.layers} (scaled{bound})**",
                         _with_derived(s, chips, chip, full.flops_per_step), chip))
+        if s["shrunk"]:
+            out += ["", f"Fell from {lo['layers']} to {hi['layers']} layers, so kept at the "
+                    f"{hi['layers']}-layer value in the scaled row (a lower bound): "
+                    + ", ".join(_change(f, lo[f], hi[f]) for f in s["shrunk"]) + "."]
     out.append("")
     out += overlap_lines(results)
     out.append("Compile: " + "; ".join(
@@ -162,6 +170,12 @@ def case_section(case: str, results: list[dict]) -> list[str]:
         f", peak RSS {r['max_rss_bytes'] / GiB:.1f} GiB" for r in results) + ".")
     out.append("")
     return out
+
+
+def _change(field: str, lo: float, hi: float) -> str:
+    if field == "step_seconds":
+        return f"{field} {lo * 1e3:,.1f} → {hi * 1e3:,.1f} ms"
+    return f"{field} {lo / GiB:.2f} → {hi / GiB:.2f} GiB"
 
 
 def overlap_lines(results: list[dict]) -> list[str]:

@@ -245,6 +245,17 @@ def test_per_layer_figures_scale_linearly():
     s = scaled(at(1), at(2), 32)
     assert s["temp_bytes"] == pytest.approx(10 + 3 * 32)
     assert s["collectives"]["all-gather"] == {"count": 64, "bytes": 3200}
+    assert s["shrunk"] == []
+
+
+def test_a_figure_that_fell_with_depth_is_not_extrapolated_downwards():
+    from tpu_kernels.bench.pod_scale import LINEAR, scaled
+    lo = {f: 10.0 for f in LINEAR} | {"layers": 1, "collectives": {}}
+    hi = {f: 12.0 for f in LINEAR} | {"layers": 2, "collectives": {}, "temp_bytes": 8.0}
+    s = scaled(lo, hi, 48)
+    assert s["temp_bytes"] == 8.0          # kept at the deeper compile's value: a lower bound
+    assert s["argument_bytes"] == pytest.approx(12 + 46 * 2)
+    assert s["shrunk"] == ["temp_bytes"]
 
 
 # The pod-scale report's commands (bench/pod_scale.py, docs/spmd.md) at small depth: the

@@ -28,7 +28,7 @@ import os
 from typing import Any, Callable
 
 from tpu_kernels import devices, errors, lazy, random_state
-from tpu_kernels.graph_program import GraphProgram, _no_key, _static, settings
+from tpu_kernels.graph_program import GraphProgram, _no_key
 
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "1") not in ("", "0")
 
@@ -56,9 +56,7 @@ class StepProgram(GraphProgram):
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         if not self.defers:
             return super()._run_jitted(args, sources)
-        scalars = () if self.all_tensors else \
-            tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
-        statics = (settings(), scalars, tuple(g for _, g in sources))
+        statics = self._statics(args, sources)
         known = self._recorders.get(statics) if ON else None
         if known is None:
             if not ON or statics not in self._outputs or self.eager:

@@ -116,9 +116,7 @@ class GraphProgram:
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [st.array if type(st.array) is not Lazy else concrete(st.array) for st, _ in sources]
-        scalars = () if self.all_tensors else \
-            tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
-        statics = (settings(), scalars, tuple(g for _, g in sources))
+        statics = self._statics(args, sources)
         taken = self.n_random
         # a graph without random ops (known once traced) takes one resident key: no
         # counters to reserve, nothing to move to the device per call
@@ -130,6 +128,12 @@ class GraphProgram:
         for f, (op, c) in zip(flags, checks):
             errors.watch(f, op, c)
         return self._results(layout, sources, storages)
+
+    def _statics(self, args: tuple, sources: list) -> tuple:
+        """The jit's static argument of a call: settings, non-tensor arguments, geometries."""
+        scalars = () if self.all_tensors else \
+            tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t)
+        return (settings(), scalars, tuple(g for _, g in sources))
 
     def _results(self, layout: tuple, sources: list, arrays: list) -> list[Any]:
         """The graph's outputs as tpu tensors: views of the real inputs where the graph's

@@ -10,7 +10,6 @@ factories' PrivateUse1 kernels are the dispatcher's (``dispatch/factories.py``).
 from __future__ import annotations
 
 import functools
-import os
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -18,7 +17,7 @@ import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import devices, errors, memory, random_state, streams
+from tpu_kernels import devices, errors, jax_cache, memory, random_state, streams
 
 
 def synchronize(device: Any = None) -> None:
@@ -86,26 +85,6 @@ def _backend_module() -> types.ModuleType:
     return m
 
 
-def _persistent_compile_cache() -> None:
-    """Eager mode compiles one small executable per op signature; keep them across runs.
-
-    ``TPU_KERNELS_JAX_CACHE`` names the directory (default ~/.cache/tpu_kernels/jax);
-    ``0`` turns it off. A cache directory the user configured in JAX is left alone.
-    ``TPU_KERNELS_JAX_CACHE_MB`` bounds it (default 4096; least recently used entries go).
-    """
-    where = os.environ.get("TPU_KERNELS_JAX_CACHE", os.path.expanduser("~/.cache/tpu_kernels/jax"))
-    if where == "0" or jax.config.jax_compilation_cache_dir:
-        return
-    jax.config.update("jax_compilation_cache_dir", where)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    # a bound turns on JAX's eviction, and with it a file lock around every read and write:
-    # without it one process can read an entry another is still writing, and XLA aborts
-    # the reader deserializing the truncated executable (several pytest-xdist workers, or
-    # any processes sharing the directory, compile the same small programs)
-    megabytes = int(os.environ.get("TPU_KERNELS_JAX_CACHE_MB", "4096"))
-    jax.config.update("jax_compilation_cache_max_size", megabytes * 2**20)
-
-
 def _keep_ties_when_moving_modules() -> None:
     """``model.to("tpu")`` must keep tied weights tied (GPT-2's embedding and LM head).
 
@@ -169,7 +148,7 @@ def setup() -> None:
         return
     _done = True
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
-    _persistent_compile_cache()
+    jax_cache.install()
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     _keep_ties_when_moving_modules()
     _backward_on_the_calling_thread()

@@ -202,15 +202,44 @@ def test_import_leaves_dynamo_to_the_first_compile():
     assert out.stdout.split()[3] == "6.0", out.stdout
 
 
-def test_persistent_compile_cache_is_bounded_and_locked(tmp_path):
-    """A bound turns on JAX's eviction and its file lock: a process never reads an entry
-    another is still writing (an XLA abort on the truncated executable)."""
-    code = ("import jax, tpu_kernels, torch; (torch.ones(3, device='tpu') + 1).cpu(); "
-            "from jax._src import compilation_cache as cc; "
-            "c = cc._cache; print(jax.config.jax_compilation_cache_max_size, c.eviction_enabled)")
-    env = dict(os.environ, TPU_KERNELS_JAX_CACHE=str(tmp_path), TPU_KERNELS_JAX_CACHE_MB="64",
-               JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == [str(64 * 2**20), "True"]
-    assert list(tmp_path.glob("*-cache")), "nothing was written to the cache"
+def test_persistent_compile_cache_uses_atomic_file_cache(tmp_path):
+    """Eager mode's JAX cache is ``jax_cache.FileCache``: entries are written whole (no
+    reader sees half an executable) and a second process reads them back."""
+    code = ("import jax, tpu_kernels, torch; print((torch.ones(3, device='tpu') + 1).cpu().tolist()); "
+            "from jax._src import compilation_cache as cc; print(type(cc._cache).__name__)")
+    env = dict(os.environ, TPU_KERNELS_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split("\n")[:2] == ["[2.0, 2.0, 2.0]", "FileCache"]
+    entries = sorted(tmp_path.glob("*-cache"))
+    assert entries and not list(tmp_path.glob("*.tmp")), sorted(p.name for p in tmp_path.iterdir())
+    stamp = {p: p.stat().st_mtime_ns for p in entries}
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.split("\n")[0] == "[2.0, 2.0, 2.0]"
+    assert sorted(tmp_path.glob("*-cache")) == entries, "the second process compiled again"
+    assert any(p.stat().st_mtime_ns > t for p, t in stamp.items()), "a hit did not mark its entry used"
+
+
+def test_file_cache_prunes_least_recently_used(tmp_path):
+    """Over its bound, the cache drops the oldest entries down to three quarters of it (at
+    most once an hour per directory), and the temporary files of writers that died."""
+    import time
+
+    from tpu_kernels import jax_cache
+    now = time.time()
+    for i in range(8):
+        (tmp_path / f"k{i}-cache").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / f"k{i}-cache", (now - 100 + i, now - 100 + i))   # k0 oldest
+    (tmp_path / "dead.tmp").write_bytes(b"x")
+    os.utime(tmp_path / "dead.tmp", (now - 7200, now - 7200))
+    (tmp_path / "calls").mkdir()   # the call cache's subdirectory: not JAX's to prune
+    cache = jax_cache.FileCache(str(tmp_path), limit_bytes=6000)
+    assert cache.get("k0") == b"x" * 1000   # a hit: k0 is now the newest
+    cache.put("new", b"y" * 1000)
+    left = sorted(p.name for p in tmp_path.glob("*-cache"))
+    assert left == ["k0-cache", "k6-cache", "k7-cache", "new-cache"], left
+    assert not (tmp_path / "dead.tmp").exists() and (tmp_path / "calls").is_dir()
+    cache.put("again", b"z" * 5000)   # pruned once an hour, not at every write
+    assert (tmp_path / "k6-cache").exists()
+    assert cache.get("missing") is None

@@ -23,9 +23,7 @@ import importlib
 import logging
 import os
 import pickle
-import tempfile
 import threading
-import time
 from typing import Any, Callable
 
 import jax
@@ -33,7 +31,7 @@ import torch
 from jax._src import config as jax_config   # the thread-local form of a config setting
 from jax.experimental import serialize_executable
 
-from tpu_kernels import devices
+from tpu_kernels import cache_files, devices
 from tpu_kernels.registry.context import OutMeta
 
 log = logging.getLogger("tpu_kernels.dispatch")
@@ -73,7 +71,7 @@ class Entry:
             got = pickle.loads(payload)
             if got["key"] != self.key:
                 raise ValueError("another key")
-            _touch(self.path)
+            cache_files.touch(self.path)
             return {"exe": serialize_executable.deserialize_and_load(*got["exe"]),
                     "checks": [(_exception(m, q), msg) for m, q, msg in got["checks"]],
                     "result_meta": _decode(got["result"]),
@@ -94,11 +92,7 @@ class Entry:
                 if _exception(e.__module__, e.__qualname__) is not e:
                     raise ValueError(f"exception {e} cannot be found again by name")
             payload = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-            os.replace(tmp, self.path)
+            cache_files.write_atomic(self.path, _MAGIC + hashlib.sha256(payload).digest() + payload)
             _prune_once(os.path.dirname(self.path))
         except Exception as exc:  # noqa: BLE001 - not kept: the next process compiles again
             log.debug("tpu_kernels call cache: not storing %s (%s: %s)", self.path, type(exc).__name__, exc)
@@ -127,7 +121,7 @@ class Entry:
                 except Exception as exc:  # noqa: BLE001 - as if there were no entry: the
                     log.warning("tpu_kernels call cache: dropping entry %s, its executable "
                                 "failed (%s: %s)", self.path, type(exc).__name__, exc)
-                    _remove(self.path)   # jitted call raises a genuine error again
+                    cache_files.remove(self.path)   # jitted call raises a genuine error again
                     state[0] = jitted
                     return jitted(*dyn)
             # from now on the executable's C++ call, without ``Compiled.__call__``'s frame
@@ -190,46 +184,12 @@ LIMIT_MB = 1024   # TPU_KERNELS_CALL_CACHE_MB: above this, the least recently us
 _pruned: list[str] = []
 
 
-def _touch(path: str) -> None:
-    """Mark an entry used (its modification time orders what pruning removes)."""
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
 def _prune_once(where: str) -> None:
-    """Once per process (at its first store): when the entries pass the size limit, remove
-    the least recently used down to three quarters of it, and temporary files of writers
-    that died (an hour old)."""
+    """Once per process (at its first store): prune to ``TPU_KERNELS_CALL_CACHE_MB``."""
     if where in _pruned:
         return
     _pruned.append(where)
-    limit = float(os.environ.get("TPU_KERNELS_CALL_CACHE_MB", LIMIT_MB)) * 2**20
-    now = time.time()
-    entries = []
-    with os.scandir(where) as it:
-        for e in it:
-            st = e.stat()
-            if e.name.endswith(".tmp") and now - st.st_mtime > 3600:
-                _remove(e.path)
-            elif e.name.endswith(".call"):
-                entries.append((st.st_mtime, st.st_size, e.path))
-    total = sum(size for _, size, _ in entries)
-    if total <= limit:
-        return
-    for _, size, path in sorted(entries):   # oldest first
-        if total <= limit * 0.75:
-            break
-        _remove(path)
-        total -= size
+    cache_files.prune(where, ".call", float(os.environ.get("TPU_KERNELS_CALL_CACHE_MB", LIMIT_MB)) * 2**20)
 
 
 def _traced(dyn: tuple) -> bool:

@@ -145,3 +145,21 @@ def test_weight_norm():
     w, norms = aten._weight_norm_interface(vd, gd, 0)
     check(lambda gw, v, g, n: aten._weight_norm_interface_backward(gw, v, g, n, 0), _r(5, 3, 2, seed=2), vd, gd,
           norms)
+
+
+def test_layer_norm_centred_input_not_written_on_xla_cpu():
+    """XLA:CPU computes the variance's ``x - mean`` inside its reduction and the output's
+    in the output's fusion: the only array of the input's size it writes is the output
+    (a shared ``x - mean`` cost a full extra write and read between the reductions)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_kernels.registry.xla.norm import native_layer_norm
+
+    x, w = jnp.ones((64, 96), jnp.float32), jnp.ones((96,), jnp.float32)
+    hlo = jax.jit(lambda x, w, b: native_layer_norm(x, (96,), w, b, 1e-5)).lower(x, w, w).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    full = re.findall(r"= f32\[64,96\]\{1,0\} fusion\(", entry)
+    assert len(full) == 1, entry

@@ -84,7 +84,9 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     outer = tuple(range(x.ndim - len(axes)))
     g = go if weight is None else go * weight.astype(acc)
     dx = _normalize_backward(x, g, mean, rstd, axes) if output_wanted(0) else None
-    dw = (go * (x - mean) * rstd).sum(outer) if output_wanted(1) else None
+    # go * xhat, the xhat dx computes: XLA:CPU writes that one array and reads it in both
+    # (go * (x - mean) * rstd wrote x - mean and rstd's broadcast as well)
+    dw = (go * ((x - mean) * rstd)).sum(outer) if output_wanted(1) else None
     db = go.sum(outer) if output_wanted(2) else None
     return _masked(dx, dw, db)
 

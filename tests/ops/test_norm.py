@@ -145,3 +145,45 @@ def test_weight_norm():
     w, norms = aten._weight_norm_interface(vd, gd, 0)
     check(lambda gw, v, g, n: aten._weight_norm_interface_backward(gw, v, g, n, 0), _r(5, 3, 2, seed=2), vd, gd,
           norms)
+
+
+def test_layer_norm_centred_input_not_written_on_xla_cpu():
+    """XLA:CPU computes the variance's ``x - mean`` inside its reduction and the output's
+    in the output's fusion: the only array of the input's size it writes is the output
+    (a shared ``x - mean`` cost a full extra write and read between the reductions)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_kernels.registry.xla.norm import native_layer_norm
+
+    x, w = jnp.ones((64, 96), jnp.float32), jnp.ones((96,), jnp.float32)
+    hlo = jax.jit(lambda x, w, b: native_layer_norm(x, (96,), w, b, 1e-5)).lower(x, w, w).compile().as_text()
+    assert len(_full_size_fusions(hlo, "f32[64,96]")) == 1, hlo
+
+
+def _full_size_fusions(hlo: str, shape: str) -> list[str]:
+    """The fusions of an optimized module's entry computation that write a ``shape`` array."""
+    import re
+
+    entry = hlo[hlo.index("\nENTRY"):]
+    return re.findall(re.escape(shape) + r"\{1,0\} fusion\(", entry)
+
+
+def test_layer_norm_backward_arrays_written_on_xla_cpu():
+    """XLA:CPU's layer norm backward writes dx and two arrays of the input's size (x-hat and
+    grad_out * weight, each read by two reductions and dx's fusion); dw reads the x-hat dx
+    computes (written as go * (x - mean) * rstd it also wrote x - mean and rstd's broadcast)."""
+    import jax
+    import jax.numpy as jnp
+
+    from tpu_kernels.registry.context import Call, OutMeta, lowering
+    from tpu_kernels.registry.xla.norm import native_layer_norm_backward
+
+    x, w, s = jnp.ones((64, 96), jnp.float32), jnp.ones((96,), jnp.float32), jnp.ones((64, 1), jnp.float32)
+    outs = (OutMeta((64, 96), torch.float32), OutMeta((96,), torch.float32), OutMeta((96,), torch.float32))
+
+    def bwd(g, x, m, r, w):
+        with lowering(Call(outs)):
+            return native_layer_norm_backward(g, x, (96,), m, r, w, w, [True] * 3)
+    hlo = jax.jit(bwd).lower(x, x, s, s, w).compile().as_text()
+    assert len(_full_size_fusions(hlo, "f32[64,96]")) == 3, hlo

@@ -59,10 +59,11 @@ def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> Compiled
     fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads,
                 checks=loaded["checks"] if loaded is not None else None,
                 orders=orders if any(o is not None for o in orders) else None)
+    compiled = CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
     if entry is not None:
-        fn = entry.runner(fn, loaded, result_meta, func_outs)
+        compiled.fn = compiled.call = entry.runner(fn, loaded, result_meta, func_outs, settled=compiled)
     _log(r)
-    return CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
+    return compiled
 
 
 def _cache_entry(r: Route, plan: OpPlan, args, kwargs, targs, tkw) -> call_cache.Entry | None:

@@ -26,7 +26,7 @@ from tpu_kernels.lazy import Lazy
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
-from tpu_kernels.tensor import TpuTensor, read, wrap_known
+from tpu_kernels.tensor import TpuTensor, direct_token, fast_token, read, wrap_fast
 
 class _OpState:
     """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
@@ -85,17 +85,12 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
                 return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
             # plain eager, one result: ``execute`` and ``finish`` inlined (each frame counts here)
             try:
-                out, flags = compiled.fn(*dyn)
+                out, flags = compiled.call(*dyn)
             except Exception as exc:
-                err = _translated(op, args, {}, exc)
-                if err is exc:
-                    raise
-                raise err from exc
+                out, flags = _call_failed(op, compiled, dyn, args, exc)
             if flags is not None:
                 errors.watch(flags, str(op), compiled.fn.checks)
-            # a FAST hit has the devices of its first call, which ``same_device`` checked:
-            # the result is on the first tensor's device
-            return wrap_known(out[0], *single, _device_index(args))
+            return wrap_fast(out[0], *single)
     return run_call(op, args, kwargs)
 
 
@@ -120,29 +115,25 @@ def _values(args: tuple, pos: tuple) -> list:
     return out
 
 
-def _device_index(args: tuple) -> int:
-    for a in args:
-        if type(a) is TpuTensor:
-            return a._tpu_storage.index
-    raise AssertionError("a FAST hit always has a tpu tensor argument")  # fast_key: else not indexed
-
-
 def fast_key(s: _OpState, args: tuple) -> tuple | None:
     """The FAST key of a call of positional tpu tensors, numbers and static int lists: per
-    argument, a tensor's sizes, dtype and device index, a number's type and (where
-    ``split`` does not make it a leaf) value, a static int list's values, or None; the call
-    is not indexed (None) for any other argument. Equal keys mean equal ``lookup`` keys
-    (the op state stands for the registry epoch; ``split`` freezes a static list into the
-    tuple of its values)."""
+    argument, a tensor's geometry token (``tensor.fast_token``: sizes, dtype, device index,
+    a view's strides and offset) and for a view its storage array's shape and dtype, a
+    number's type and (where ``split`` does not make it a leaf) value, a static int list's
+    values, or None; the call is not indexed (None) for any other argument. Equal keys
+    mean equal ``lookup`` keys (the op state stands for the registry epoch; ``split``
+    freezes a static list into the tuple of its values)."""
     key = [s, _matmul_precision(), INDEX_CHECKS.on]
     for a, code in zip(args, s.codes):
         t = type(a)
         if t is TpuTensor:
             if code != _TENSOR:
                 return None
-            key += (a.shape, a.dtype, a._tpu_storage.index)
+            tok = a._tpu_fk
+            key.append(fast_token(a) if tok is None else tok)
             if not a._tpu_direct:   # a view: its program may read it from the storage
-                key += (_VIEW, a.stride(), a.storage_offset(), a._tpu_storage.array.shape, a._tpu_storage.array.dtype)
+                st = a._tpu_storage.array
+                key += (_VIEW, st.shape, st.dtype)
         elif t is float or t is int or t is bool:
             key += (t, SLOT if code > 0 else a)
         elif a is None:
@@ -170,7 +161,34 @@ def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, 
     if key is not None:
         pos = tuple(i for i, (a, k) in enumerate(zip(args, s.kinds)) if a is not None and k in (TENSOR, SCALAR))
         folded = tuple(r is not None for r in reads) if any(r is not None for r in reads) else None
-        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, compiled.single_out, folded)
+        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, _result_geometry(compiled, args), folded)
+
+
+def _result_geometry(compiled: CompiledCall, args: tuple) -> tuple | None:
+    """What ``wrap_fast`` makes a FAST hit's one result with: (sizes, dtype, bytes, device
+    index, geometry token); None unless the op returns one plain tensor. A FAST hit has the
+    devices of its first call (the key holds them), which ``same_device`` checked: the
+    result is on the first tensor's device."""
+    if compiled.single_out is None:
+        return None
+    size, _, dtype, nbytes = compiled.single_out
+    index = next(a._tpu_storage.index for a in args if type(a) is TpuTensor)
+    return size, dtype, nbytes, index, direct_token(size, dtype, index)
+
+
+def _call_failed(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, exc: Exception) -> tuple:
+    """The hot path's call of ``compiled.call`` raised ``exc``: a TypeError of the settled
+    executable (arrays of another weak type) goes to ``compiled.fn``'s own paths; any other
+    error is raised in torch's words (``_translated``)."""
+    if isinstance(exc, TypeError) and compiled.call is not compiled.fn:
+        try:
+            return compiled.fn(*dyn)
+        except Exception as again:  # noqa: BLE001 - raised below, translated
+            exc = again
+    err = _translated(op, args, {}, exc)
+    if err is exc:
+        raise exc
+    raise err from exc
 
 
 def _translated(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:

@@ -205,3 +205,35 @@ def test_fast_hit_falls_back_when_its_settled_executable_refuses_the_arrays():
         torch.testing.assert_close((a - a).cpu(), torch.zeros(3, 5))
     finally:
         compiled.call = settled
+
+
+def test_foreach_and_list_ops_run_through_the_fast_index(monkeypatch):
+    """A call taking tensor lists (the foreach ops, cat, stack) or number lists is keyed in
+    the FAST index like one of single tensors: its second call skips the signature path,
+    views in a list are read as views, writes land in their bases, and an int list and a
+    float list still promote differently."""
+    import importlib
+    run = importlib.import_module("tpu_kernels.dispatch.run")
+    xs = [torch.arange(12.0).reshape(3, 4), torch.arange(8.0).reshape(4, 2), -torch.arange(5.0)]
+    calls = {
+        "add": lambda v: torch._foreach_add([v[0].t(), v[1][1:], v[2]], [v[0].t(), v[1][1:], v[2]]),
+        "mul numbers": lambda v: torch._foreach_mul(v, [1.5, 2, True]),
+        "addcmul_ into views": lambda v: torch._foreach_addcmul_([v[0].t(), v[1][1:]], [v[0].t(), v[1][1:]],
+                                                                 [v[0].t(), v[1][1:]], 0.5) or v,
+        "cat": lambda v: [torch.cat([v[0], v[0]], 1)],
+        "stack": lambda v: [torch.stack([v[1], v[1] * 2])],
+        "int list": lambda v: torch._foreach_mul([torch.arange(4, device=v[0].device)], [2]),
+        "float list": lambda v: torch._foreach_mul([torch.arange(4, device=v[0].device)], [2.5]),
+    }
+    slow = []
+    call_slow = run.run_call
+    for rnd in range(2):   # the second round runs through the FAST index
+        if rnd:
+            monkeypatch.setattr(run, "run_call", lambda op, a, k: slow.append(str(op)) or call_slow(op, a, k))
+        for name, call in calls.items():
+            want = call([x.clone() for x in xs])
+            got = call([x.to("tpu") for x in xs])
+            assert len(got) == len(want), name
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
+    assert not [op for op in slow if "foreach" in op or "cat" in op or "stack" in op], slow

@@ -8,7 +8,6 @@ installs (``install_dispatch``): this layer knows nothing of routing.
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any, Callable
 
 import jax
@@ -68,7 +67,7 @@ class TpuTensor(torch.Tensor):
     # ``wrap_known``'s results have) spare the hot path two attribute writes
     _tpu_direct: bool = True
     _tpu_cache: tuple[int, jax.Array] | None = None   # a view's value, per storage version
-    _tpu_fk: int | None = None   # its geometry's token (``fast_token``), once asked for
+    _tpu_fk: int | None = None   # its geometry's token (``fast_tokens.py``), once asked for
 
     @staticmethod
     def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
@@ -314,37 +313,6 @@ def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype,
 
 
 _new_wrapper = torch.Tensor._make_wrapper_subclass
-
-
-_TOKENS: dict[tuple, int] = {}      # geometry -> its token
-_NEXT_TOKEN = itertools.count()      # never reused: a token names one geometry for good
-_MAX_TOKENS = 1 << 16                # the table starts over beyond this (dynamic shapes)
-
-
-def fast_token(t: TpuTensor) -> int:
-    """A small int naming ``t``'s geometry (sizes, dtype, device index, and for a view its
-    strides and offset): the dispatcher's FAST index keys a call on these. Kept on the
-    tensor until ``repoint`` changes its geometry; equal tokens mean equal geometry."""
-    st = t._tpu_storage
-    g = (tuple(t.shape), t.dtype, st.index)
-    if not t._tpu_direct:
-        g += (tuple(t.stride()), t.storage_offset())
-    tok = t._tpu_fk = _token(g)
-    return tok
-
-
-def direct_token(size: tuple, dtype: torch.dtype, index: int) -> int:
-    """``fast_token`` of a whole-storage tensor of ``size``, ``dtype`` on tpu ``index``."""
-    return _token((tuple(size), dtype, index))
-
-
-def _token(g: tuple) -> int:
-    tok = _TOKENS.get(g)
-    if tok is None:
-        if len(_TOKENS) >= _MAX_TOKENS:   # tensors keep their tokens: still unique
-            _TOKENS.clear()
-        tok = _TOKENS[g] = next(_NEXT_TOKEN)
-    return tok
 
 
 def wrap_fast(array: jax.Array, size: tuple, dtype: torch.dtype, nbytes: int, index: int,

@@ -26,7 +26,8 @@ from tpu_kernels.lazy import Lazy
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
-from tpu_kernels.tensor import TpuTensor, direct_token, fast_token, read, wrap_fast
+from tpu_kernels.fast_tokens import direct_token, fast_token
+from tpu_kernels.tensor import TpuTensor, read, wrap_fast
 
 class _OpState:
     """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
@@ -122,7 +123,7 @@ def _leaf_values(args: tuple, pos: tuple, folded: tuple) -> list:
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:
     """The FAST key of a call of positional tpu tensors, numbers and static int lists: per
-    argument, a tensor's geometry token (``tensor.fast_token``: sizes, dtype, device index,
+    argument, a tensor's geometry token (``fast_tokens.fast_token``: sizes, dtype, device index,
     a view's strides and offset) and for a view its storage array's shape and dtype, a
     number's type and (where ``split`` does not make it a leaf) value, a static int list's
     values, a tensor list's length and tensors, a number list's length and types, or

@@ -358,8 +358,15 @@ def _settle(v):
 
 def write(t: TpuTensor, new: jax.Array) -> None:
     """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
-    write_view(t._tpu_storage, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype,
-               t._tpu_direct, new)
+    st = t._tpu_storage
+    if t._tpu_direct and st.placement is None:
+        old = st.array   # the common case (an in-place op's result): the new array as it is
+        if new.dtype == old.dtype and new.shape == old.shape:
+            st.array = new
+            st.version += 1
+            t._tpu_cache = None
+            return
+    write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
     t._tpu_cache = None
 
 

@@ -4,7 +4,7 @@ stage by stage, beside the floors it sits on (a bare cached ``jax.jit`` call, an
 
 Each stage is timed alone, calling the same functions the hot path calls
 (``dispatch.run``: the op's state, ``fast_key`` and the FAST index, reading the inputs,
-``execute``, ``results.finish``), with the same arguments, median over many calls; the
+the settled executable ``CompiledCall.call``, ``tensor.wrap_fast``), with the same arguments, median over many calls; the
 full signature path a call takes the first time it meets a shape is timed beside them.
 "torch -> __torch_dispatch__" is the whole op minus the hook's own time. ``thread_split``
 gives the same split in this thread's CPU time, results not waited for.
@@ -21,7 +21,6 @@ import torch
 
 from tpu_kernels import errors, tensor
 from tpu_kernels.dispatch import cache
-from tpu_kernels.dispatch.results import finish
 
 _run = importlib.import_module("tpu_kernels.dispatch.run")   # the module (the package exports the function)
 
@@ -41,7 +40,7 @@ def median_us(fn: Callable[[], Any], n: int = 2000) -> float:
 def _wait(x: Any) -> None:
     if isinstance(x, tensor.TpuTensor):
         x = tensor.value(x)
-    elif isinstance(x, tuple):      # lookup / finish results hold no pending computation
+    elif isinstance(x, tuple):      # lookup results hold no pending computation
         return
     jax.block_until_ready(x)
 
@@ -65,7 +64,7 @@ def _stages() -> dict[str, Callable[[], Any]]:
     _ = a + b                                   # compile: every later call hits every cache
     _ = a + b
     state = _run._state(op)
-    compiled, pos = cache.FAST[_run.fast_key(state, args)][:2]
+    compiled, pos, _, _, single, _ = cache.FAST[_run.fast_key(state, args)]
     dyn = [tensor.read(args[i]) for i in pos]
     out = _run.execute(op, compiled, dyn, args, kw)
     ja, jb = a.jax(), b.jax()
@@ -79,10 +78,10 @@ def _stages() -> dict[str, Callable[[], Any]]:
         "1 pending errors + op state (runtime handler)": lambda: (errors.pending(), _run._state(op).handler),
         "2 signature + cache lookup": lambda: cache.FAST.get(_run.fast_key(state, args)),
         "3 read inputs": lambda: _run._values(args, pos),
-        # the jitted function, as the hot path calls it (``execute`` adds only attribute
+        # the executable, as the hot path calls it (``execute`` adds only attribute
         # checks); its results list, which ``_wait`` waits for (a tuple it would not)
-        "4 executable call": lambda: compiled.fn(*dyn)[0],
-        "5 wrap results": lambda: finish(compiled, args, kw, out),
+        "4 executable call": lambda: compiled.call(*dyn)[0],
+        "5 wrap results": lambda: tensor.wrap_fast(out[0], *single),
         "first call of a shape: full signature + CALLS lookup": lambda: _run.lookup(op, args, kw)[:2],
     }
 

@@ -100,3 +100,34 @@ def test_pruning_removes_the_least_recently_used(tmp_path, monkeypatch):
     os.utime(tmp_path / "dead.tmp", (1000, 1000))
     call_cache._prune_once(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["4.call", "5.call"]   # 6 KiB <= 7.5 KiB
+
+
+_LAID_OUT = """
+import json, jax, torch, tpu_kernels
+import torch.nn.functional as F
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 8, 2, 4).transpose(1, 2) for _ in range(3))   # (B, H, S, D) in (B, S, H, D) memory
+tq, tk, tv = (x.to('tpu') for x in (q, k, v))
+traces = [0]
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: traces.__setitem__(0, traces[0] + (event == "/jax/core/compile/jaxpr_trace_duration")))
+out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+print(json.dumps({"traces": traces[0], "stride": out.stride(), "want": ref.stride(),
+                  "close": torch.allclose(out.cpu(), ref, atol=1e-5)}))
+"""
+
+
+def test_a_result_laid_out_like_its_query_is_traced_by_nothing_warm(tmp_path):
+    """An attention output keeps torch's (transposed) strides; its executable writes it in
+    that layout, so a warm process runs it from the call cache without tracing any program
+    (it once took a separate permuting program, traced in every process)."""
+    e = dict(os.environ, TPU_KERNELS_JAX_CACHE=str(tmp_path), TPU_KERNELS_CALL_CACHE="1")
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _LAID_OUT], capture_output=True, text=True, timeout=600, env=e)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for r in runs:
+        assert r["close"] and r["stride"] == r["want"] and r["want"] != [64, 32, 4, 1], r
+    assert runs[0]["traces"] >= 1 and runs[1]["traces"] == 0, runs

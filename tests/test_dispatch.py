@@ -163,3 +163,77 @@ def test_views_read_inside_their_consumer():
     y = t[:, :3] @ w.t()   # two views into one mm: its program reads both
     torch.testing.assert_close(y.cpu(), x[:, :3] @ w.cpu().t())
     assert dispatch.TRACES.get(torch.ops.aten.mm.default, 0) == before + 1
+
+
+def test_fast_index_follows_a_tensors_geometry_through_in_place_changes():
+    """The FAST index keys a tensor on a token of its geometry kept on the tensor: an
+    in-place change of sizes or strides (a transpose, resize, ``.data`` swap) makes it a
+    new geometry, so later hot-path calls see the tensor as it is now."""
+    changes = {"t_": lambda a: a.t_(), "unsqueeze_": lambda a: a.unsqueeze_(0),
+               "resize_": lambda a: a.resize_(2, 3), "as_strided_": lambda a: a.as_strided_((3, 4), (1, 3)),
+               "data": lambda a: setattr(a, "data", torch.arange(15.0).reshape(3, 5).to(a.device)),
+               "swap_tensors": lambda a: torch.utils.swap_tensors(a, torch.ones(2, 5, device=a.device))}
+    for name, change in changes.items():
+        x = torch.arange(24.0).reshape(4, 6)
+        t = x.to("tpu")
+        for _ in range(2):   # the second round runs through the FAST index
+            t + t * 2
+        change(x), change(t)
+        for _ in range(2):
+            got, want = t + t * 2, x + x * 2
+            assert got.shape == want.shape and got.stride() == want.stride(), name
+            assert torch.equal(got.cpu(), want), name
+
+
+def test_fast_hit_falls_back_when_its_settled_executable_refuses_the_arrays():
+    """The hot path calls a signature's settled executable directly; one that refuses the
+    arrays with a TypeError (arrays of another weak type) hands the call to the
+    signature's own function, which gives the result."""
+    import importlib
+
+    from tpu_kernels.dispatch import cache
+    run = importlib.import_module("tpu_kernels.dispatch.run")
+    a = torch.randn(3, 5).to("tpu")
+    a - a, a - a   # the second call is a FAST hit
+    op = torch.ops.aten.sub.Tensor
+    compiled = cache.FAST[run.fast_key(run._state(op), (a, a))][0]
+
+    def refuse(*arrays):
+        raise TypeError("argument types differ from the types the executable was compiled for")
+    settled, compiled.call = compiled.call, refuse
+    try:
+        torch.testing.assert_close((a - a).cpu(), torch.zeros(3, 5))
+    finally:
+        compiled.call = settled
+
+
+def test_foreach_and_list_ops_run_through_the_fast_index(monkeypatch):
+    """A call taking tensor lists (the foreach ops, cat, stack) or number lists is keyed in
+    the FAST index like one of single tensors: its second call skips the signature path,
+    views in a list are read as views, writes land in their bases, and an int list and a
+    float list still promote differently."""
+    import importlib
+    run = importlib.import_module("tpu_kernels.dispatch.run")
+    xs = [torch.arange(12.0).reshape(3, 4), torch.arange(8.0).reshape(4, 2), -torch.arange(5.0)]
+    calls = {
+        "add": lambda v: torch._foreach_add([v[0].t(), v[1][1:], v[2]], [v[0].t(), v[1][1:], v[2]]),
+        "mul numbers": lambda v: torch._foreach_mul(v, [1.5, 2, True]),
+        "addcmul_ into views": lambda v: torch._foreach_addcmul_([v[0].t(), v[1][1:]], [v[0].t(), v[1][1:]],
+                                                                 [v[0].t(), v[1][1:]], 0.5) or v,
+        "cat": lambda v: [torch.cat([v[0], v[0]], 1)],
+        "stack": lambda v: [torch.stack([v[1], v[1] * 2])],
+        "int list": lambda v: torch._foreach_mul([torch.arange(4, device=v[0].device)], [2]),
+        "float list": lambda v: torch._foreach_mul([torch.arange(4, device=v[0].device)], [2.5]),
+    }
+    slow = []
+    call_slow = run.run_call
+    for rnd in range(2):   # the second round runs through the FAST index
+        if rnd:
+            monkeypatch.setattr(run, "run_call", lambda op, a, k: slow.append(str(op)) or call_slow(op, a, k))
+        for name, call in calls.items():
+            want = call([x.clone() for x in xs])
+            got = call([x.to("tpu") for x in xs])
+            assert len(got) == len(want), name
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
+    assert not [op for op in slow if "foreach" in op or "cat" in op or "stack" in op], slow

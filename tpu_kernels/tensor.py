@@ -24,15 +24,20 @@ _compiler = torch.compiler
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
+_guarded: Callable[[Any, tuple, dict], Any] | None = None
 _on_worker_error: Callable[[Any, tuple, dict, Exception], Any] | None = None
+# the frame callback Dynamo sets while a compiled function runs (None outside torch.compile)
+_frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
 
-def install_dispatch(run: Callable[[Any, tuple, dict], Any],
+def install_dispatch(run: Callable[[Any, tuple, dict], Any], guarded: Callable[[Any, tuple, dict], Any],
                      on_worker_error: Callable[[Any, tuple, dict, Exception], Any]) -> None:
-    """The dispatcher's entry (``run(op, args, kwargs)``) and what to do with an error on
-    torch's autograd worker thread, where raising would abort the process (see errors.py)."""
-    global _dispatch, _on_worker_error
-    _dispatch, _on_worker_error = run, on_worker_error
+    """The dispatcher's entry (``run(op, args, kwargs)``), the same entry for calls made
+    under torch.compile (``guarded``: Dynamo must never trace the runtime), and what to do
+    with an error on torch's autograd worker thread, where raising would abort the process
+    (see errors.py)."""
+    global _dispatch, _guarded, _on_worker_error
+    _dispatch, _guarded, _on_worker_error = run, guarded, on_worker_error
 
 
 _TORCH_DATA = torch._C.TensorBase.data     # the C getset TpuTensor.data wraps
@@ -62,6 +67,7 @@ class TpuTensor(torch.Tensor):
     # ``wrap_known``'s results have) spare the hot path two attribute writes
     _tpu_direct: bool = True
     _tpu_cache: tuple[int, jax.Array] | None = None   # a view's value, per storage version
+    _tpu_fk: int | None = None   # its geometry's token (``fast_tokens.py``), once asked for
 
     @staticmethod
     def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
@@ -107,8 +113,11 @@ class TpuTensor(torch.Tensor):
                 return _run_on_shadows(func, args, kwargs)
             if func in _LIFTS:
                 return _lift_constant(func, args[0])
+            run = _guarded
+        else:   # plain eager unless a compiled function runs (its graph breaks call here)
+            run = _dispatch if _frame_callback() is None else _guarded
         try:
-            return _dispatch(func, args, kwargs)
+            return run(func, args, kwargs)
         except Exception as exc:
             if not errors.on_worker_thread():
                 raise
@@ -148,6 +157,7 @@ class TpuTensor(torch.Tensor):
             repoint(self, new)
         else:
             _TORCH_DATA.__set__(self, new)
+            self.__dict__.pop("_tpu_fk", None)
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -305,6 +315,15 @@ def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype,
 _new_wrapper = torch.Tensor._make_wrapper_subclass
 
 
+def wrap_fast(array: jax.Array, size: tuple, dtype: torch.dtype, nbytes: int, index: int,
+              token: int) -> TpuTensor:
+    """``wrap_known`` for a FAST hit: its result's geometry token is known too."""
+    r = _new_wrapper(TpuTensor, size, dtype=dtype, device=DEVICES[index])
+    r._tpu_storage = Storage(array, index, nbytes)
+    r._tpu_fk = token
+    return r
+
+
 def read(t: TpuTensor) -> jax.Array:
     """The value of ``t``: its storage's array, or the view cut out of it. While deferred
     mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""
@@ -326,6 +345,9 @@ def storage_value(t: TpuTensor) -> jax.Array:
 
 def value(t: TpuTensor) -> jax.Array:
     """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
+    if t._tpu_direct:   # ``read``'s common case without its calls (every sync makes one)
+        v = t._tpu_storage.array
+        return v if type(v) is not Lazy else concrete(v)
     return concrete(read(t))
 
 
@@ -336,8 +358,15 @@ def _settle(v):
 
 def write(t: TpuTensor, new: jax.Array) -> None:
     """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
-    write_view(t._tpu_storage, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype,
-               t._tpu_direct, new)
+    st = t._tpu_storage
+    if t._tpu_direct and st.placement is None:
+        old = st.array   # the common case (an in-place op's result): the new array as it is
+        if new.dtype == old.dtype and new.shape == old.shape:
+            st.array = new
+            st.version += 1
+            t._tpu_cache = None
+            return
+    write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
     t._tpu_cache = None
 
 
@@ -350,4 +379,5 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     t._tpu_direct = new._tpu_direct
     t._tpu_cache = None
     t.__dict__.pop("_tpu_shadow", None)   # its geometry changed
+    t.__dict__.pop("_tpu_fk", None)
     return t

@@ -34,22 +34,14 @@ register_special = register_runtime
 
 register_runtime_rule(VIEW_RULE, lambda op: op.is_view, run_view)
 # Dynamo must never trace the runtime itself (it would trace into JAX), so under
-# torch.compile each tpu op runs here eagerly, as a graph break. Outside torch.compile no
-# frame callback is set and the op skips the guard's cost (about 1 us a call).
+# torch.compile each tpu op runs here eagerly, as a graph break: the tensor's hook calls
+# this guarded entry while Dynamo compiles or a compiled function runs, and ``run`` itself
+# otherwise (no frame callback is set: the guard's cost, about 1 us a call, is skipped).
 # torch._disable_dynamo is torch's own lazy torch._dynamo.disable: Dynamo is imported at
 # the first guarded call (when torch.compile has loaded it anyway), not with this package.
 _guarded_run = torch._disable_dynamo(run, recursive=True)
-_frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
-
-def _entry(op, args: tuple, kwargs: dict):
-    # is_compiling() first: Dynamo, inlining this, folds it to True and never sees the callback
-    if torch.compiler.is_compiling() or _frame_callback() is not None:
-        return _guarded_run(op, args, kwargs)
-    return run(op, args, kwargs)
-
-
-_tensor.install_dispatch(_entry, defer_error)
+_tensor.install_dispatch(run, _guarded_run, defer_error)
 install_factories()
 device_memory.on_empty_cache(clear_cache)   # torch.tpu.empty_cache() drops cached executables
 

@@ -16,6 +16,7 @@ from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
 from tpu_kernels.dispatch.memory import guard_memory
 from tpu_kernels.dispatch.meta import meta_args, meta_call, meta_result, out_metas
 from tpu_kernels.dispatch.plan import OpPlan
+from tpu_kernels.dispatch.results import dense_orders
 from tpu_kernels.registry import Route
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.registry.opnames import functional_twin
@@ -52,12 +53,17 @@ def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> Compiled
         func_outs = out_metas(meta_call(r.functional, args, kwargs)) if r.kind == "twin" else outs
         _check_inplace_cast(op, plan, args, kwargs)
     write_dtypes = [_mutated_dtype(plan.arg(i, args, kwargs)) for i in plan.mutated]
+    # results laid out by the executable itself: a non-mutating op's only (mutated ops'
+    # returns are rare and wrapped as before)
+    orders = dense_orders(result_meta) if not plan.mutated else []
     fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads,
-                checks=loaded["checks"] if loaded is not None else None)
+                checks=loaded["checks"] if loaded is not None else None,
+                orders=orders if any(o is not None for o in orders) else None)
+    compiled = CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
     if entry is not None:
-        fn = entry.runner(fn, loaded, result_meta, func_outs)
+        compiled.fn = compiled.call = entry.runner(fn, loaded, result_meta, func_outs, settled=compiled)
     _log(r)
-    return CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
+    return compiled
 
 
 def _cache_entry(r: Route, plan: OpPlan, args, kwargs, targs, tkw) -> call_cache.Entry | None:

@@ -26,6 +26,13 @@ class CompiledCall:
     # one non-empty tensor returned, nothing written: its (sizes, contiguous strides, dtype, bytes)
     single_out: tuple | None = None
     lazy_spec: tuple | None = None   # the jitted function's output structure (lazy.out_spec)
+    # what the hot path calls with concrete arrays: ``fn``, or the executable ``fn`` runs
+    # once the call cache's runner has settled on it (``fn`` again on its TypeError)
+    call: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.call is None:
+            self.call = self.fn
 
 
 _RETIRED: dict[tuple[str, str], int] = {}   # calls of evicted entries, for op_counts

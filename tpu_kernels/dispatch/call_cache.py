@@ -97,9 +97,12 @@ class Entry:
         except Exception as exc:  # noqa: BLE001 - not kept: the next process compiles again
             log.debug("tpu_kernels call cache: not storing %s (%s: %s)", self.path, type(exc).__name__, exc)
 
-    def runner(self, jitted: Callable, loaded: dict | None, result_meta: Any, func_outs: list) -> Callable:
+    def runner(self, jitted: Callable, loaded: dict | None, result_meta: Any, func_outs: list,
+               settled: Any = None) -> Callable:
         """What the signature runs: its executable (the loaded one, or compiled and stored at
-        the first call) for arrays; ``jitted`` for traced arguments. Carries ``.checks``."""
+        the first call) for arrays; ``jitted`` for traced arguments. Carries ``.checks``.
+        Once it has settled on what it calls for arrays, that is ``settled.call`` too
+        (the hot path calls it without this function's frame)."""
         def first(*dyn: Any) -> Any:
             if _traced(dyn):
                 return jitted(*dyn)
@@ -107,7 +110,7 @@ class Entry:
                 try:
                     exe, fresh = _compile_fresh(jitted, dyn)
                 except Exception:  # noqa: BLE001 - the jitted call raises it again, as before
-                    state[0] = jitted
+                    settle(jitted)
                     return jitted(*dyn)
                 if fresh:
                     self.store(exe, jitted.checks, result_meta, func_outs)
@@ -122,11 +125,16 @@ class Entry:
                     log.warning("tpu_kernels call cache: dropping entry %s, its executable "
                                 "failed (%s: %s)", self.path, type(exc).__name__, exc)
                     cache_files.remove(self.path)   # jitted call raises a genuine error again
-                    state[0] = jitted
+                    settle(jitted)
                     return jitted(*dyn)
             # from now on the executable's C++ call, without ``Compiled.__call__``'s frame
-            state[0] = getattr(exe, "_call", None) or exe
+            settle(getattr(exe, "_call", None) or exe)
             return out
+
+        def settle(fn: Callable) -> None:
+            state[0] = fn
+            if settled is not None:
+                settled.call = fn
 
         state: list[Callable] = [first]
 

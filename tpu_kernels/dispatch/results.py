@@ -125,14 +125,46 @@ def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
     views (recorded by AOTAutograd against those strides) and DTensor (which keeps the
     meta's strides as the global tensor's and views local tensors by them) must cut the
     same elements. Nearly every result is contiguous; attention outputs and their
-    gradients are not (they follow the query's layout, as torch's kernels do)."""
+    gradients are not (they follow the query's layout, as torch's kernels do). ``array``
+    has the meta's shape, or is already the flat storage in that layout (``dense_order``:
+    an op's executable lays such results out itself)."""
     stride = meta.stride()
+    if array.ndim != meta.dim():   # laid out by the op's own executable
+        return TpuTensor(Storage(array), tuple(meta.shape), stride, 0, meta.dtype)
     if stride == strided.contiguous_strides(tuple(array.shape)):
         return wrap(array, meta.dtype)
     order = strided.memory_order(tuple(array.shape), stride)
     if order is None:   # not a dense layout (torch's meta functions rarely say so)
         return wrap(array, meta.dtype)
     return TpuTensor(Storage(to_dense(array, order)), array.shape, stride, 0, meta.dtype)
+
+
+def dense_order(meta: Any) -> tuple[int, ...] | None:
+    """For a result torch lays out densely but not contiguously (an attention output in the
+    query's layout): the memory order its executable writes it in (``wrap_result`` then
+    takes the flat array as its storage: no program of its own, and nothing a warm
+    process traces). None for every other result (two or more dims only: a flat array
+    then tells the two cases apart)."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() < 2:
+        return None
+    shape, stride = tuple(meta.shape), meta.stride()
+    if stride == strided.contiguous_strides(shape):
+        return None
+    return strided.memory_order(shape, stride)
+
+
+def dense_orders(result_meta: Any) -> list:
+    """``dense_order`` of each of an op's results, flat, in ``meta.out_metas``' order."""
+    flat: list = []
+
+    def visit(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        else:
+            flat.append(dense_order(x))
+    visit(result_meta)
+    return flat
 
 
 _CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)

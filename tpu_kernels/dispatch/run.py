@@ -19,19 +19,21 @@ from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, _matmul_precision, mode_token
 from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.meta import cpu_error
-from tpu_kernels.dispatch.plan import SCALAR, SLOT, STATIC, TENSOR, op_plan
+from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, op_plan
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.lazy import Lazy
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
-from tpu_kernels.tensor import TpuTensor, read, wrap_known
+from tpu_kernels.fast_tokens import direct_token, fast_token
+from tpu_kernels.tensor import TpuTensor, read, wrap_fast
 
 class _OpState:
     """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
     one registry epoch; ``codes``: per position, what ``fast_key`` takes there (a tensor:
-    ``_TENSOR``, a number that is a leaf: ``_LEAF``, a number that is not: 0)."""
+    ``_TENSOR``, a number that is a leaf: ``_LEAF``, a static argument: ``_STATIC``, a
+    tensor list: ``_TENSORS``, a list of numbers: ``_NUMBERS``, anything else: 0)."""
     __slots__ = ("op", "epoch", "handler", "plan", "kinds", "codes")
 
     def __init__(self, op: OpOverload) -> None:
@@ -40,13 +42,14 @@ class _OpState:
         self.handler = r.impl.fn if r is not None else None
         self.plan = op_plan(op)
         self.kinds = self.plan.pos_kinds
-        self.codes = tuple(_TENSOR if k == TENSOR else _LEAF if k == SCALAR else _STATIC if k == STATIC else 0
-                           for k in self.kinds)
+        self.codes = tuple(_CODES.get(k, 0) for k in self.kinds)
 
 
 # per position: a tensor, a number that is a leaf, a static argument (an int list there is
-# keyed by value: layer norm's normalized_shape, a reduction's dims), anything else
-_TENSOR, _LEAF, _STATIC = 2, 1, -1
+# keyed by value: layer norm's normalized_shape, a reduction's dims), a tensor list and a
+# list of numbers (the foreach ops': each element a leaf), anything else
+_TENSOR, _LEAF, _STATIC, _TENSORS, _NUMBERS = 2, 1, -1, 3, 4
+_CODES = {TENSOR: _TENSOR, SCALAR: _LEAF, STATIC: _STATIC, TENSOR_LIST: _TENSORS, SCALAR_LIST: _NUMBERS}
 _VIEW = object()   # in a fast key: the view geometry of the tensor before it follows
 
 
@@ -77,25 +80,17 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             calls.hits += 1
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
-            if folded is None:
-                dyn = _values(args, pos)
-            else:
-                dyn = [leaf_value(args[i], f or None) for i, f in zip(pos, folded)]
+            dyn = _values(args, pos) if folded is None else _leaf_values(args, pos, folded)
             if single is None or _TRACE.trace is not None or _LAZY.depth or inflight._on:
                 return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
             # plain eager, one result: ``execute`` and ``finish`` inlined (each frame counts here)
             try:
-                out, flags = compiled.fn(*dyn)
+                out, flags = compiled.call(*dyn)
             except Exception as exc:
-                err = _translated(op, args, {}, exc)
-                if err is exc:
-                    raise
-                raise err from exc
+                out, flags = _call_failed(op, compiled, dyn, args, exc)
             if flags is not None:
                 errors.watch(flags, str(op), compiled.fn.checks)
-            # a FAST hit has the devices of its first call, which ``same_device`` checked:
-            # the result is on the first tensor's device
-            return wrap_known(out[0], *single, _device_index(args))
+            return wrap_fast(out[0], *single)
     return run_call(op, args, kwargs)
 
 
@@ -120,57 +115,127 @@ def _values(args: tuple, pos: tuple) -> list:
     return out
 
 
-def _device_index(args: tuple) -> int:
-    for a in args:
-        if type(a) is TpuTensor:
-            return a._tpu_storage.index
-    raise AssertionError("a FAST hit always has a tpu tensor argument")  # fast_key: else not indexed
+def _leaf_values(args: tuple, pos: tuple, folded: tuple) -> list:
+    """The leaves at ``pos`` (an argument's position, or (position, index) of a list's
+    element), each read as ``folded`` says (a view read by the program: its storage's array)."""
+    return [leaf_value(args[p] if type(p) is int else args[p[0]][p[1]], f or None) for p, f in zip(pos, folded)]
 
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:
     """The FAST key of a call of positional tpu tensors, numbers and static int lists: per
-    argument, a tensor's sizes, dtype and device index, a number's type and (where
-    ``split`` does not make it a leaf) value, a static int list's values, or None; the call
-    is not indexed (None) for any other argument. Equal keys mean equal ``lookup`` keys
-    (the op state stands for the registry epoch; ``split`` freezes a static list into the
-    tuple of its values)."""
+    argument, a tensor's geometry token (``fast_tokens.fast_token``: sizes, dtype, device index,
+    a view's strides and offset) and for a view its storage array's shape and dtype, a
+    number's type and (where ``split`` does not make it a leaf) value, a static int list's
+    values, a tensor list's length and tensors, a number list's length and types, or
+    None; the call is not indexed (None) for any other argument. Equal keys
+    mean equal ``lookup`` keys (the op state stands for the registry epoch; ``split``
+    freezes a static list into the tuple of its values)."""
     key = [s, _matmul_precision(), INDEX_CHECKS.on]
     for a, code in zip(args, s.codes):
         t = type(a)
         if t is TpuTensor:
             if code != _TENSOR:
                 return None
-            key += (a.shape, a.dtype, a._tpu_storage.index)
+            tok = a._tpu_fk
+            key.append(fast_token(a) if tok is None else tok)
             if not a._tpu_direct:   # a view: its program may read it from the storage
-                key += (_VIEW, a.stride(), a.storage_offset(), a._tpu_storage.array.shape, a._tpu_storage.array.dtype)
+                st = a._tpu_storage.array
+                key += (_VIEW, st.shape, st.dtype)
         elif t is float or t is int or t is bool:
-            key += (t, SLOT if code > 0 else a)
+            key += (t, SLOT if 0 < code <= _TENSOR else a)
         elif a is None:
             key.append(None)
-        elif code == _STATIC and (t is list or t is tuple):
-            for x in a:
-                if type(x) is not int:
+        elif t is list or t is tuple:
+            if code == _STATIC:
+                for x in a:
+                    if type(x) is not int:
+                        return None
+                key += (tuple, tuple(a))
+            elif code == _TENSORS:
+                if not _key_tensors(key, a):
                     return None
-            key += (tuple, tuple(a))
+            elif code == _NUMBERS:
+                key += (list, len(a))
+                for x in a:
+                    tx = type(x)
+                    if tx is not float and tx is not int and tx is not bool:
+                        return None
+                    key.append(tx)
+            else:
+                return None
         else:
             return None
     return tuple(key)
 
 
+def _key_tensors(key: list, a: list) -> bool:
+    """``fast_key``'s part for a tensor list (its length, then each tensor as alone);
+    False when an element is not a tpu tensor."""
+    key += (list, len(a))
+    for x in a:
+        if type(x) is not TpuTensor:
+            return False
+        tok = x._tpu_fk
+        key.append(fast_token(x) if tok is None else tok)
+        if not x._tpu_direct:
+            st = x._tpu_storage.array
+            key += (_VIEW, st.shape, st.dtype)
+    return True
+
+
 def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, reads: list) -> None:
     """Index ``compiled`` in FAST under this call's fast key, when the hot path can run it:
     a jitted impl that reads no scalar's value and draws no random key. The leaves are
-    the arguments at ``pos`` in order; ``folded`` says which are views whose program reads
-    them from their storage's array (None when none is)."""
+    the arguments at ``pos`` in order (a list's elements at (position, index)); ``folded``
+    says which are views whose program reads them from their storage's array (None when
+    none is and no leaf is a list's)."""
     impl = compiled.impl
     if impl.static or impl.random or impl.data_dependent:
         return
     s = _state(op)
     key = fast_key(s, args)
-    if key is not None:
-        pos = tuple(i for i, (a, k) in enumerate(zip(args, s.kinds)) if a is not None and k in (TENSOR, SCALAR))
-        folded = tuple(r is not None for r in reads) if any(r is not None for r in reads) else None
-        cache.FAST[key] = (compiled, pos, ckey, cache.CALLS, compiled.single_out, folded)
+    if key is None:
+        return
+    pos: list = []
+    for i, (a, k) in enumerate(zip(args, s.kinds)):
+        if a is not None and k in (TENSOR, SCALAR):
+            pos.append(i)
+        elif a is not None and k in (TENSOR_LIST, SCALAR_LIST):
+            pos += [(i, j) for j in range(len(a))]
+    if len(pos) != len(reads):   # not the leaves ``split`` found: leave it to the slow path
+        return
+    lists = any(type(p) is tuple for p in pos)
+    folded = tuple(r is not None for r in reads) if lists or any(r is not None for r in reads) else None
+    cache.FAST[key] = (compiled, tuple(pos), ckey, cache.CALLS, _result_geometry(compiled, args), folded)
+
+
+def _result_geometry(compiled: CompiledCall, args: tuple) -> tuple | None:
+    """What ``wrap_fast`` makes a FAST hit's one result with: (sizes, dtype, bytes, device
+    index, geometry token); None unless the op returns one plain tensor. A FAST hit has the
+    devices of its first call (the key holds them), which ``same_device`` checked: the
+    result is on the first tensor's device."""
+    if compiled.single_out is None:
+        return None
+    size, _, dtype, nbytes = compiled.single_out
+    first = next(a if type(a) is TpuTensor else a[0] for a in args
+                 if type(a) is TpuTensor or (type(a) in (list, tuple) and a and type(a[0]) is TpuTensor))
+    index = first._tpu_storage.index
+    return size, dtype, nbytes, index, direct_token(size, dtype, index)
+
+
+def _call_failed(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, exc: Exception) -> tuple:
+    """The hot path's call of ``compiled.call`` raised ``exc``: a TypeError of the settled
+    executable (arrays of another weak type) goes to ``compiled.fn``'s own paths; any other
+    error is raised in torch's words (``_translated``)."""
+    if isinstance(exc, TypeError) and compiled.call is not compiled.fn:
+        try:
+            return compiled.fn(*dyn)
+        except Exception as again:  # noqa: BLE001 - raised below, translated
+            exc = again
+    err = _translated(op, args, {}, exc)
+    if err is exc:
+        raise exc
+    raise err from exc
 
 
 def _translated(op: OpOverload, args: tuple, kwargs: dict, exc: Exception) -> Exception:

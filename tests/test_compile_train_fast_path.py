@@ -150,6 +150,24 @@ def test_a_saved_input_changed_in_place_before_backward_raises():
         loss.backward()
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_saved_tensors_hooks_see_what_is_saved(monkeypatch, fast):
+    monkeypatch.setattr(compile_train_fast_path, "ON", fast)
+    w = torch.ones(3, device="tpu", requires_grad=True)
+    cf, handed = _compile(lambda x, w: (x * w).exp().sum())
+    packed = []
+
+    def pack(t):
+        packed.append(tuple(t.shape))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = cf(torch.arange(3.0).to("tpu"), w)
+    loss.backward()
+    assert _is_fast(handed[0]) == fast
+    assert packed == [(3,), (3,)]      # x (for w's gradient) and exp's result
+    torch.testing.assert_close(w.grad.cpu(), torch.arange(3.0) * torch.arange(3.0).exp())
+
+
 def test_grad_mode_off_at_call_time_runs_the_inference_graph():
     w = torch.ones(3, device="tpu", requires_grad=True)
     cf, handed = _compile(lambda x, w: x * w)

@@ -22,6 +22,7 @@ import os
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._functorch._aot_autograd import utils as aot_utils
 from torch._functorch._aot_autograd.schemas import OutputType
 
 from tpu_kernels.graph_program import GraphProgram
@@ -59,6 +60,8 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
         return "no AOTAutograd metadata shared by the forward and backward"
     if torch._C._is_any_autocast_enabled():
         return "autocast is on (AOTAutograd runs the graph with it off)"
+    if aot_utils.saved_tensors_hooks_are_inlineable(aot_utils.top_saved_tensors_hooks()):
+        return "saved-tensors hooks inlined into the graphs (AOTAutograd turns them off around the call)"
     if torch._dynamo.compiled_autograd.in_compiled_autograd_region \
             or any(type(x).__name__ == "BackwardState" for x in inputs):
         return "compiled autograd"

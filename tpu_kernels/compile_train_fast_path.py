@@ -42,7 +42,7 @@ def fast_path(programs: Sequence[GraphProgram], lifted: Sequence[torch.Tensor],
     if why is not None:
         log.debug("a compiled training graph keeps AOTAutograd's runtime wrappers: %s", why)
         return None
-    apply = _function(programs[0], programs[1], inputs).apply
+    apply = _function(programs[0], programs[1]).apply
     if not lifted:
         return apply
     lifted = tuple(lifted)
@@ -144,7 +144,7 @@ def _as_traced(g: Any, geometry: tuple) -> Any:
     return out.copy_(g)
 
 
-def _function(forward: GraphProgram, backward: GraphProgram, inputs: Sequence[Any]) -> type:
+def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     """The autograd.Function running ``forward`` and, in its backward, ``backward``."""
     meta = forward.aot_meta
     n_out = meta.num_outputs

@@ -40,6 +40,9 @@ def _compile(fn):
 
 
 def _is_fast(handed) -> bool:
+    """Whether the backend handed Dynamo compile_train_fast_path's call."""
+    if getattr(handed, "__qualname__", "") == "fast_path.<locals>.call":   # inputs to bump first
+        return True
     return getattr(handed, "__self__", None) is not None and \
         handed.__self__.__qualname__.endswith("_Compiled")
 
@@ -203,16 +206,57 @@ def test_graphs_it_does_not_fit_keep_aotautograd_with_the_reason_logged(caplog):
     torch.testing.assert_close(w.grad.cpu(), torch.arange(6.0) + 1)
     torch._dynamo.reset()
     caplog.clear()
+
+
+@pytest.mark.xfail(strict=True, reason="AOTAutograd's path (the fallback) fails on the tangent of a "
+                   "mutated input that requires grad: it expects a plain tensor, gets a TpuTensor "
+                   "(TpuTensor has no __coerce_same_metadata_as_tangent__)")
+def test_an_input_requiring_grad_written_keeps_aotautograd(caplog):
+    w = torch.ones(6, device="tpu", requires_grad=True)
+    a_cpu = torch.arange(6.0, requires_grad=True)
+    a = a_cpu.detach().to("tpu").requires_grad_()
+
+    def doubles(x, w):        # an input that requires grad, written: autograd must see it
+        x.mul_(2)
+        return (x * w).sum()
+    with caplog.at_level(logging.DEBUG, logger=FAST):
+        cf, handed = _compile(doubles)
+        cf(a * 1, w).backward()
+    doubles(a_cpu * 1, torch.ones(6)).backward()
+    assert not _is_fast(handed[0]) and "outside the graph" in caplog.text
+    torch.testing.assert_close(a.grad.cpu(), a_cpu.grad)
+
+
+def test_an_input_written_in_the_graph_is_written_and_its_version_bumped():
+    w = torch.ones(6, device="tpu", requires_grad=True)
+    x = torch.arange(6.0).to("tpu")
     y = torch.zeros(6, device="tpu")
 
     def mutates(x, w, y):
         y.add_(1)
         return (x * w).sum()
-    with caplog.at_level(logging.DEBUG, logger=FAST):
-        cf, handed = _compile(mutates)
-        cf(x, w, y).backward()
-    assert not _is_fast(handed[0]) and "mutated" in caplog.text
+    cf, handed = _compile(mutates)
+    version = y._version
+    cf(x, w, y).backward()
+    assert _is_fast(handed[0]) and y._version > version
     torch.testing.assert_close(y.cpu(), torch.ones(6))
+    torch.testing.assert_close(w.grad.cpu(), torch.arange(6.0))
+
+
+def test_batch_norm_training_matches_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+    x = torch.randn(5, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cm, handed = _compile(tpu)
+    for _ in range(2):
+        _, want = _mlp_grads(cpu, x)
+        _, got = _mlp_grads(cm, x.to("tpu"))
+    assert _is_fast(handed[0])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    for b, c in zip(tpu.buffers(), cpu.buffers()):     # running mean, variance, batches seen
+        torch.testing.assert_close(b.cpu(), c, atol=1e-6, rtol=1e-6)
 
 
 def test_turned_off_keeps_aotautograd(fast_off):

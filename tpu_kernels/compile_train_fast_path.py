@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._functorch._aot_autograd import utils as aot_utils
-from torch._functorch._aot_autograd.schemas import OutputType
+from torch._functorch._aot_autograd.schemas import MutationType, OutputType
 
 from tpu_kernels.graph_program import GraphProgram
 
@@ -43,10 +43,20 @@ def fast_path(programs: Sequence[GraphProgram], lifted: Sequence[torch.Tensor],
         log.debug("a compiled training graph keeps AOTAutograd's runtime wrappers: %s", why)
         return None
     apply = _function(programs[0], programs[1]).apply
-    if not lifted:
+    bumped = tuple(programs[0].aot_meta.mutated_graph_handled_indices_seen_by_autograd)
+    if not lifted and not bumped:
         return apply
     lifted = tuple(lifted)
-    return lambda *args: apply(*lifted, *args)
+    increment_version = torch.autograd.graph.increment_version
+
+    def call(*args: Any) -> tuple:
+        args = lifted + args
+        if bumped:
+            # inputs the graph writes (a batch norm's running statistics): autograd sees
+            # them change, as AOTAutograd's wrapper shows it, before the call
+            increment_version(tuple(args[i] for i in bumped))
+        return apply(*args)
+    return call
 
 
 def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | None:
@@ -74,9 +84,10 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
         return "effect tokens, intermediate bases or functionalized rng"
     if any(o.output_type != OutputType.non_alias for o in meta.output_info):
         return "an output aliases an input or another output"
-    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info) \
+    if any(i.mutates_metadata or i.mutates_storage_metadata or i.mutation_inductor_storage_resize
+           or i.mutation_type == MutationType.MUTATED_OUT_GRAPH for i in meta.input_info) \
             or meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
-        return "an input is mutated (in the forward or the backward)"
+        return "an input mutation done outside the graph (or in the backward)"
     if meta.num_symints_saved_for_bw != 0 or meta.num_opaque_objects_saved_for_bw \
             or meta.num_tensors_saved_with_no_vc_check is None:
         return "symbolic sizes or opaque objects saved for backward"
@@ -91,6 +102,10 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
         return "the forward's saved values are not the backward's first inputs"
     if _tangent_geometry(backward, len(tangents)) is None:
         return "the gradients' traced layout is symbolic"
+    written = {k for k, i in enumerate(meta.input_info) if i.mutates_data}
+    if written & set(_saved_inputs(forward, meta.tensors_saved_for_backwards_slice)):
+        # the program writes the input's storage: its value before the write is gone
+        return "an input the graph writes is saved for backward"
     return None
 
 

@@ -13,7 +13,8 @@ times, in µs per call (best of several rounds of ``--calls`` calls, the last re
   accelerator); ``compiled - frame`` is the backend's call as it runs inside the frame;
 - ``guards``: Dynamo's guard check alone (its guard manager on the frame's locals);
 - ``aot``: AOTAutograd's compiled function on the arguments Dynamo gives it (what runs
-  once the guards pass);
+  once the guards pass; for a training graph on ``compile_train_fast_path``, its
+  autograd.Function: ``bench/compile_train_overhead.py`` compares the two);
   ``compiled - aot`` is Dynamo's frame and guards;
 - ``program``: the ``GraphProgram`` on the graph's flattened inputs (shadows); ``aot -
   program`` is AOTAutograd's wrappers (subclass flattening, output wrapping);

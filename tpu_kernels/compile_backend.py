@@ -19,7 +19,7 @@ from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 
-from tpu_kernels import compile_fast_path, compile_step, compile_options, flex_attention, graph_patterns
+from tpu_kernels import compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
@@ -36,6 +36,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any],
     context = torch._guards.TracingContext.try_get()
     # what AOTAutograd's wrappers do around this graph (see compile_fast_path.py)
     program.aot_meta = context.fw_metadata if context is not None else None
+    program.role = role
     PROGRAMS.append(program)
     return make_boxed_func(program)
 
@@ -55,9 +56,15 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # (an optimizer's state, installed as attributes), in its order
     lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
               *dict(gm.named_buffers(remove_duplicate=False)).values()]
-    compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
-                            bw_compiler=functools.partial(compiler, role="backward"),
-                            keep_inference_input_mutations=True)(gm, example_inputs)
+    # a training graph's backward program is compiled now, not at the first backward, so
+    # compile_train_fast_path can call both
+    eager_backward = training and compile_train_fast_path.ON
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=eager_backward):
+        compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
+                                bw_compiler=functools.partial(compiler, role="backward"),
+                                keep_inference_input_mutations=True)(gm, example_inputs)
+    if training:
+        return compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
     return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs, training) or compiled
 
 

@@ -1,0 +1,221 @@
+"""A compiled training graph called through an autograd.Function of our own.
+
+For a training graph AOTAutograd's runtime wrappers flatten each tpu tensor into its shadow,
+run the forward ``GraphProgram`` inside its ``CompiledFunction`` (an autograd.Function),
+wrap the outputs again, and in backward coerce the gradients and run the backward
+program: about 60 µs a call for a one-layer MLP. Where AOTAutograd's metadata says those
+wrappers do nothing but the autograd.Function part (no output aliases an input, no input
+is mutated, no effect tokens, no functionalized rng, no symbolic sizes or opaque objects
+saved for backward, autocast off), ``_Compiled`` does that part itself: its forward
+calls the forward program on Dynamo's arguments, saves what the backward program takes
+(inputs saved as themselves, so an in-place change before backward is caught by
+autograd's version check, as eagerly) and marks outputs that need no gradient; its
+backward lays the gradients out as traced and calls the backward program. Anything else
+keeps AOTAutograd's path, with the reason logged. Both programs are compiled up front
+(AOTAutograd compiles the backward lazily otherwise): ``compile_backend`` asks for it.
+``TPU_KERNELS_COMPILE_TRAIN_FAST=0`` (or ``ON = False`` before compiling) turns this off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import torch
+from torch._functorch._aot_autograd import utils as aot_utils
+from torch._functorch._aot_autograd.schemas import MutationType, OutputType
+
+from tpu_kernels.graph_program import GraphProgram
+
+log = logging.getLogger(__name__)
+ON = os.environ.get("TPU_KERNELS_COMPILE_TRAIN_FAST", "1") not in ("", "0")
+_NO_DOUBLE = "torch.compile with aot_autograd does not currently support double backward"
+
+
+def fast_path(programs: Sequence[GraphProgram], lifted: Sequence[torch.Tensor],
+              example_inputs: Sequence[Any]) -> Callable | None:
+    """A call of the forward and backward programs compiled for Dynamo's training graph
+    through ``_Compiled`` (``lifted``: the graph module's parameters and buffers, passed
+    first), or None where AOTAutograd's wrappers do more (the reason is logged)."""
+    inputs = [*lifted, *example_inputs]
+    why = _unfit(programs, inputs)
+    if why is not None:
+        log.debug("a compiled training graph keeps AOTAutograd's runtime wrappers: %s", why)
+        return None
+    apply = _function(programs[0], programs[1]).apply
+    bumped = tuple(programs[0].aot_meta.mutated_graph_handled_indices_seen_by_autograd)
+    if not lifted and not bumped:
+        return apply
+    lifted = tuple(lifted)
+    increment_version = torch.autograd.graph.increment_version
+
+    def call(*args: Any) -> tuple:
+        args = lifted + args
+        if bumped:
+            # inputs the graph writes (a batch norm's running statistics): autograd sees
+            # them change, as AOTAutograd's wrapper shows it, before the call
+            increment_version(tuple(args[i] for i in bumped))
+        return apply(*args)
+    return call
+
+
+def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | None:
+    if not ON:
+        return "turned off (TPU_KERNELS_COMPILE_TRAIN_FAST=0)"
+    if [getattr(p, "role", None) for p in programs] != ["forward", "backward"]:
+        return f"{len(programs)} programs, not one forward and one backward"
+    forward, backward = programs
+    meta = forward.aot_meta
+    if meta is None or backward.aot_meta is not meta:
+        return "no AOTAutograd metadata shared by the forward and backward"
+    if torch._C._is_any_autocast_enabled():
+        return "autocast is on (AOTAutograd runs the graph with it off)"
+    if aot_utils.saved_tensors_hooks_are_inlineable(aot_utils.top_saved_tensors_hooks()):
+        return "saved-tensors hooks inlined into the graphs (AOTAutograd turns them off around the call)"
+    if torch._dynamo.compiled_autograd.in_compiled_autograd_region \
+            or any(type(x).__name__ == "BackwardState" for x in inputs):
+        return "compiled autograd"
+    if forward.is_tensor != [isinstance(x, torch.Tensor) for x in inputs] or len(meta.input_info) != len(inputs):
+        return (f"the graph's inputs are not Dynamo's (tokens, synthetic bases or flattening): "
+                f"{len(forward.is_tensor)} graph inputs, {len(meta.input_info)} in its metadata, "
+                f"{len(inputs)} from Dynamo")
+    if meta.tokens or meta.num_intermediate_bases or meta.is_rng_op_functionalized \
+            or getattr(meta, "num_graphsafe_rng_states", 0) or meta.num_outputs_rng_offset:
+        return "effect tokens, intermediate bases or functionalized rng"
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
+        return "an output aliases an input or another output"
+    if any(i.mutates_metadata or i.mutates_storage_metadata or i.mutation_inductor_storage_resize
+           or i.mutation_type == MutationType.MUTATED_OUT_GRAPH for i in meta.input_info) \
+            or meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
+        return "an input mutation done outside the graph (or in the backward)"
+    if meta.num_symints_saved_for_bw != 0 or meta.num_opaque_objects_saved_for_bw \
+            or meta.num_tensors_saved_with_no_vc_check is None:
+        return "symbolic sizes or opaque objects saved for backward"
+    if len(backward.gm.graph.output_node().args[0]) != len(inputs):
+        return "the backward graph's gradients are not one per input"
+    tangents = _tangents(backward)
+    if tangents is None:
+        return "a gradient the backward takes is not a user output's"
+    n_saved = len(backward.gm.graph.find_nodes(op="placeholder")) - len(tangents)
+    if len(forward.gm.graph.output_node().args[0]) != meta.num_outputs + n_saved \
+            or meta.tensors_saved_for_backwards_slice != slice(meta.num_outputs, None):
+        return "the forward's saved values are not the backward's first inputs"
+    if _tangent_geometry(backward, len(tangents)) is None:
+        return "the gradients' traced layout is symbolic"
+    written = {k for k, i in enumerate(meta.input_info) if i.mutates_data}
+    if written & set(_saved_inputs(forward, meta.tensors_saved_for_backwards_slice)):
+        # the program writes the input's storage: its value before the write is gone
+        return "an input the graph writes is saved for backward"
+    return None
+
+
+def _tangents(backward: GraphProgram) -> list[int] | None:
+    """The user output each gradient the backward program takes belongs to (the
+    backward graph's last placeholders, described by AOTAutograd), or None where one is
+    not a user output's (a mutated input's, an intermediate base's) or is undescribed.
+    AOTAutograd's metadata on the flattened graph does not know which outputs require grad:
+    those with a gradient here do."""
+    found = []
+    for p in backward.gm.graph.find_nodes(op="placeholder"):
+        desc = p.meta.get("desc")
+        if type(desc).__name__ == "SubclassGetAttrAOTInput":     # a tpu tensor's shadow
+            desc = desc.base
+        if type(desc).__name__ != "TangentAOTInput":
+            if found:
+                return None      # a saved value after a gradient: not the order we know
+            continue
+        if type(desc.output).__name__ != "PlainAOTOutput":
+            return None
+        found.append(desc.output.idx)
+    return found
+
+
+def _tangent_geometry(backward: GraphProgram, n: int) -> list[tuple] | None:
+    """(sizes, strides) of each of the ``n`` gradients as the backward graph was traced,
+    or None if symbolic."""
+    placeholders = list(backward.gm.graph.find_nodes(op="placeholder"))
+    vals = [p.meta.get("val") for p in placeholders[len(placeholders) - n:]] if n else []
+    try:
+        return [(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride())) for v in vals]
+    except (TypeError, AttributeError):
+        return None
+
+
+def _saved_inputs(forward: GraphProgram, saved: slice) -> list[int | None]:
+    """Per tensor saved for backward: the forward's input it is (saved as the input
+    itself, so autograd checks its version), or None (an activation)."""
+    placeholders = {n: k for k, n in enumerate(forward.gm.graph.find_nodes(op="placeholder"))}
+    outs = forward.gm.graph.output_node().args[0][saved]
+    return [placeholders.get(o) for o in outs]
+
+
+def _as_traced(g: Any, geometry: tuple) -> Any:
+    """A gradient laid out as the backward graph was traced (its views were recorded
+    against that layout), as AOTAutograd's runtime tangent coercion does."""
+    shape, stride = geometry
+    if not isinstance(g, torch.Tensor) or (tuple(g.shape) == shape and g.stride() == stride):
+        return g
+    out = torch.empty_strided(shape, stride, dtype=g.dtype, device=g.device)
+    return out.copy_(g)
+
+
+def _function(forward: GraphProgram, backward: GraphProgram) -> type:
+    """The autograd.Function running ``forward`` and, in its backward, ``backward``."""
+    meta = forward.aot_meta
+    n_out = meta.num_outputs
+    with_vc, no_vc = meta.tensors_saved_for_backwards_with_vc_check_slice, \
+        meta.tensors_saved_for_backwards_no_vc_check_slice
+    saved_inputs = _saved_inputs(forward, with_vc)
+    tangents = _tangents(backward)
+    non_diff = [i for i in range(n_out) if i not in tangents]
+    geometry = _tangent_geometry(backward, len(tangents))
+    nondeterministic = not torch.are_deterministic_algorithms_enabled()
+    keep_graph = torch._C._autograd._get_current_graph_task_keep_graph
+
+    class _Compiled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> tuple:
+            outs = forward(*args)
+            saved = [outs[with_vc.start + j] if k is None else args[k] for j, k in enumerate(saved_inputs)]
+            # a view is saved detached (it shares its version counter), as AOTAutograd does
+            ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in saved))
+            ctx.no_vc = outs[no_vc]
+            if non_diff:
+                ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
+            ctx._materialize_non_diff_grads = False
+            return tuple(outs[:n_out])
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> tuple:
+            if nondeterministic and torch.are_deterministic_algorithms_enabled():
+                raise RuntimeError("This compiled backward function is being run with "
+                                   "torch.use_deterministic_algorithms(True), but it was compiled "
+                                   "while torch.use_deterministic_algorithms(False) was set.")
+            args = [*ctx.saved_tensors, *ctx.no_vc, *(_as_traced(grads[i], g) for i, g in zip(tangents, geometry))]
+            if not keep_graph():      # the saved values go with this backward, as AOTAutograd frees them
+                ctx.maybe_clear_saved_tensors()
+                ctx.no_vc = ()
+            if torch.is_grad_enabled():       # create_graph=True: a backward of this backward raises
+                return _NoDoubleBackward.apply(backward, _requiring_grad(), *args)
+            return tuple(backward(*args))
+
+    return _Compiled
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The backward program run under ``create_graph=True``: its result is connected to
+    the graph, and differentiating it raises, as AOTAutograd's compiled backward does."""
+
+    @staticmethod
+    def forward(ctx: Any, program: GraphProgram, connect: torch.Tensor, *args: Any) -> tuple:
+        return tuple(program(*args))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> None:
+        raise RuntimeError(_NO_DOUBLE)
+
+
+def _requiring_grad() -> torch.Tensor:
+    """An empty tensor that requires grad: the results of ``_NoDoubleBackward`` require
+    grad under ``create_graph=True`` even when none of its arguments do (as AOTAutograd's)."""
+    return torch.empty(0, requires_grad=True)

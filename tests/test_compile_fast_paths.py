@@ -44,7 +44,9 @@ def test_inference_graph_is_called_directly_and_matches_cpu():
     torch.testing.assert_close(again.cpu(), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_training_and_aliasing_graphs_keep_aotautograds_wrappers():
+def test_training_and_aliasing_graphs_are_not_called_as_bare_programs():
+    """A training graph goes through an autograd Function (compile_train_fast_path's or
+    AOTAutograd's), an aliasing one through AOTAutograd's wrappers: never the bare program."""
     w = torch.randn(4, 4, device="tpu", requires_grad=True)
     handed, _ = _backend_result(lambda x: (x @ w).sum(), torch.randn(2, 4, device="tpu"))
     assert not isinstance(handed[0], compile_backend.GraphProgram)

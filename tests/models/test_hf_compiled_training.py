@@ -15,8 +15,9 @@ rounding apart move a weight up to ``2 * lr`` apart. T5's encoder key weight (22
 step-1 gradient of 3.2e-9 on CPU, 1.4e-9 in float64 and -7.9e-11 here, on a weight whose
 gradient is up to 4.8e-2 (every step-1 gradient of the model within 2.4e-7 of CPU's): the first
 updates differ by 2.525e-4, and after five steps the weight is 2.523e-4 off CPU (uncompiled
-tpu: gradient 2.0e-10, 2.250e-4 off; CPU's float32 run is itself 1.21e-4 off float64's). So each parameter entry may differ by that first-update gap on top of the
-float32 tolerance, and by nothing else."""
+tpu: gradient 2.0e-10, 2.250e-4 off; CPU's float32 run is itself 1.21e-4 off float64's). So
+each parameter entry may differ by that first-update gap on top of the float32 tolerance, and
+by nothing else."""
 from __future__ import annotations
 
 import copy

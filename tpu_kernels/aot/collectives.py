@@ -12,7 +12,9 @@ flight, and a done:
   start's in-flight buffers and fuse compute with the collective's steps (the collective
   appears again in their bodies: one collective, not several), and a fusion rooted at
   ``AsyncCollectiveDone``. A chain is followed through the values it passes on
-  (get-tuple-element, continuations) from its start to its done.
+  (get-tuple-element, continuations) from its start to its done; a continuation in a loop
+  body (XLA's windowed einsums carry a chain of the enclosing computation through their
+  loop) belongs to the chain its start opened, and the loop counts as compute beside it.
 
 A collective with compute (a fusion that computes, a dot, a convolution, a custom call, a
 loop) scheduled between its start and done *overlaps*; a synchronous collective, or a
@@ -246,6 +248,10 @@ class _Walker:
         if carried is not None and (i.op in ("get-tuple-element", "async-update")
                                     or (fusion and self.marked(i.calls))):
             return "carry"
+        if fusion and self.marked(i.calls):
+            # a continuation of a chain started in another computation (a collective
+            # matmul's loop body carries the entry's chain): counted at its start
+            return None
         return "sync" if kind or (fusion and self.inner(i.calls)) else None
 
     def started(self, i: _Instr) -> list[tuple[str, int]]:

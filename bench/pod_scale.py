@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from tpu_kernels.aot import configs
+from tpu_kernels.aot import collectives, configs
 from tpu_kernels.aot.configs import model_flops_per_token
 from tpu_kernels.pallas import tpu_info
 
@@ -231,7 +231,6 @@ def main() -> None:
 def reanalyse(keep: str) -> list[str]:
     """Recount the collective fields of each kept result that has its optimised HLO beside
     it (``aot.collectives`` as it is now); the JSON files it rewrote."""
-    from tpu_kernels.aot import collectives
     done = []
     for name in sorted(os.listdir(keep)):
         path = os.path.join(keep, name)

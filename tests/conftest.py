@@ -9,8 +9,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_KERNELS_CALL_CACHE", "0")
 # no JAX persistent cache in the tests (tests of the cache give their processes one): in
 # three full runs with it on, a worker crashed inside XLA:CPU serializing or deserializing an
-# executable (a different test each time, none reproducible alone), and a cold run reads
-# back only ~9% of what it writes. TPU_KERNELS_JAX_CACHE=DIR turns it on for a local run.
+# executable (a different test each time, none reproducible alone; a fourth crash, without
+# the cache, was in XLA's compile), and a cold run reads back only ~10% of what it writes.
+# TPU_KERNELS_JAX_CACHE=DIR turns it on for a local run.
 os.environ.setdefault("TPU_KERNELS_JAX_CACHE", "0")
 
 import pytest  # noqa: E402

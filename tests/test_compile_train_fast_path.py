@@ -41,8 +41,7 @@ def _compile(fn):
 
 def _is_fast(handed) -> bool:
     """Whether the backend handed Dynamo compile_train_fast_path's call."""
-    if getattr(handed, "__qualname__", "") == "fast_path.<locals>.call":   # inputs to bump first
-        return True
+    handed = getattr(handed, "__wrapped__", handed)   # compile_fast_path.with_lifted's call
     return getattr(handed, "__self__", None) is not None and \
         handed.__self__.__qualname__.endswith("_Compiled")
 

@@ -65,7 +65,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
                                 keep_inference_input_mutations=True)(gm, example_inputs)
     if training:
         return compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
-    return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs, training) or compiled
+    return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
 
 
 def register() -> None:

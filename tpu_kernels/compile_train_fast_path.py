@@ -23,8 +23,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._functorch._aot_autograd import utils as aot_utils
-from torch._functorch._aot_autograd.schemas import MutationType, OutputType
+from torch._functorch._aot_autograd.schemas import MutationType
 
+from tpu_kernels import compile_fast_path
 from tpu_kernels.graph_program import GraphProgram
 
 log = logging.getLogger(__name__)
@@ -42,21 +43,8 @@ def fast_path(programs: Sequence[GraphProgram], lifted: Sequence[torch.Tensor],
     if why is not None:
         log.debug("a compiled training graph keeps AOTAutograd's runtime wrappers: %s", why)
         return None
-    apply = _function(programs[0], programs[1]).apply
-    bumped = tuple(programs[0].aot_meta.mutated_graph_handled_indices_seen_by_autograd)
-    if not lifted and not bumped:
-        return apply
-    lifted = tuple(lifted)
-    increment_version = torch.autograd.graph.increment_version
-
-    def call(*args: Any) -> tuple:
-        args = lifted + args
-        if bumped:
-            # inputs the graph writes (a batch norm's running statistics): autograd sees
-            # them change, as AOTAutograd's wrapper shows it, before the call
-            increment_version(tuple(args[i] for i in bumped))
-        return apply(*args)
-    return call
+    return compile_fast_path.with_lifted(_function(programs[0], programs[1]).apply, lifted,
+                                         programs[0].aot_meta)
 
 
 def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | None:
@@ -68,22 +56,16 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
     meta = forward.aot_meta
     if meta is None or backward.aot_meta is not meta:
         return "no AOTAutograd metadata shared by the forward and backward"
-    if torch._C._is_any_autocast_enabled():
-        return "autocast is on (AOTAutograd runs the graph with it off)"
+    why = compile_fast_path.unfit_metadata(forward, meta, inputs)
+    if why is not None:
+        return why
+    if meta.num_outputs_rng_offset:
+        return "effect tokens, intermediate bases or functionalized rng"
     if aot_utils.saved_tensors_hooks_are_inlineable(aot_utils.top_saved_tensors_hooks()):
         return "saved-tensors hooks inlined into the graphs (AOTAutograd turns them off around the call)"
     if torch._dynamo.compiled_autograd.in_compiled_autograd_region \
             or any(type(x).__name__ == "BackwardState" for x in inputs):
         return "compiled autograd"
-    if forward.is_tensor != [isinstance(x, torch.Tensor) for x in inputs] or len(meta.input_info) != len(inputs):
-        return (f"the graph's inputs are not Dynamo's (tokens, synthetic bases or flattening): "
-                f"{len(forward.is_tensor)} graph inputs, {len(meta.input_info)} in its metadata, "
-                f"{len(inputs)} from Dynamo")
-    if meta.tokens or meta.num_intermediate_bases or meta.is_rng_op_functionalized \
-            or getattr(meta, "num_graphsafe_rng_states", 0) or meta.num_outputs_rng_offset:
-        return "effect tokens, intermediate bases or functionalized rng"
-    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
-        return "an output aliases an input or another output"
     if any(i.mutates_metadata or i.mutates_storage_metadata or i.mutation_inductor_storage_resize
            or i.mutation_type == MutationType.MUTATED_OUT_GRAPH for i in meta.input_info) \
             or meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:

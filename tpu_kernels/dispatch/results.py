@@ -155,16 +155,7 @@ def dense_order(meta: Any) -> tuple[int, ...] | None:
 
 def dense_orders(result_meta: Any) -> list:
     """``dense_order`` of each of an op's results, flat, in ``meta.out_metas``' order."""
-    flat: list = []
-
-    def visit(x):
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                visit(y)
-        else:
-            flat.append(dense_order(x))
-    visit(result_meta)
-    return flat
+    return [dense_order(x) for x in flatten(result_meta)]
 
 
 _CHANNELS_LAST = (torch.channels_last, torch.channels_last_3d)

@@ -7,10 +7,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # tests count traces per signature: the persistent call cache (dispatch/call_cache.py) would
 # skip them in every run after the first; tests/test_call_cache.py turns it on
 os.environ.setdefault("TPU_KERNELS_CALL_CACHE", "0")
-# no JAX persistent cache in the tests (tests of the cache give their processes one): in
-# three full runs with it on, a worker crashed inside XLA:CPU serializing or deserializing an
-# executable (a different test each time, none reproducible alone; a fourth crash, without
-# the cache, was in XLA's compile), and a cold run reads back only ~10% of what it writes.
+# no JAX persistent cache in the tests (tests of the cache give their processes one): a cold
+# run reads back only ~10% of what it writes. (The worker crashes once blamed on it were a
+# worker's memory mappings reaching the kernel's limit: see the hook below.)
 # TPU_KERNELS_JAX_CACHE=DIR turns it on for a local run.
 os.environ.setdefault("TPU_KERNELS_JAX_CACHE", "0")
 
@@ -29,6 +28,10 @@ settings.register_profile("thorough", max_examples=300, deadline=None, database=
 settings.load_profile(os.environ.get("TPU_KERNELS_HYPOTHESIS_PROFILE", "ci"))
 
 import tpu_kernels  # noqa: E402,F401  (sets the tpu device up)
+from tpu_kernels import code_memory  # noqa: E402
+
+_RELIEF_EVERY = 16   # tests between two counts of the worker's memory mappings
+_ran = [0]
 
 
 def pytest_addoption(parser):
@@ -43,3 +46,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "thorough" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # a worker compiles ~30,000 executables, each mapped into it: empty the caches between
+    # tests, well before the runtime's own guard (code_memory.HIGH) would inside one (a
+    # test that counts traces would then see a retrace)
+    _ran[0] += 1
+    if _ran[0] % _RELIEF_EVERY == 0:
+        code_memory.relieve_if_above(0.25)

@@ -17,7 +17,7 @@ import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import devices, errors, jax_cache, memory, random_state, streams
+from tpu_kernels import code_memory, devices, errors, jax_cache, memory, random_state, streams
 
 
 def synchronize(device: Any = None) -> None:
@@ -149,6 +149,7 @@ def setup() -> None:
     _done = True
     jax.config.update("jax_enable_x64", True)  # torch's int64/float64 are real
     jax_cache.install()
+    code_memory.install()   # XLA crashes past the kernel's limit on mapped code
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module())
     _keep_ties_when_moving_modules()
     _backward_on_the_calling_thread()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from tpu_kernels import devices, inflight
+from tpu_kernels import devices, inflight, memory
 from tpu_kernels.lru import LRU
 
 MAX_NODES = int(os.environ.get("TPU_KERNELS_DEFERRED_MAX_OPS", "4096"))
@@ -112,6 +112,15 @@ class Program:
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
 _PROGRAMS = LRU(int(os.environ.get("TPU_KERNELS_DEFERRED_CACHE_SIZE", "256")))
+
+
+def _clear_caches() -> None:
+    _AVALS.clear()      # its functions hold their executables
+    _PROGRAMS.clear()
+
+
+memory.on_empty_cache(_clear_caches)
+
 _lock = threading.RLock()
 
 

@@ -3,6 +3,9 @@ process reaches the kernel's limit, so past a fraction of it the executable cach
 and everything they held still runs (rebuilt on use)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -63,3 +66,31 @@ def test_below_the_mark_nothing_is_emptied(monkeypatch):
     assert not code_memory.relieve_if_above(1.0)
     assert not code_memory.relieve_if_above(0)        # 0: the guard is off
     assert (cache.CALLS.info().size, code_memory.STATE.reliefs) == (size, reliefs)
+
+
+_NEAR_THE_LIMIT = r"""
+import mmap, sys
+import torch, tpu_kernels
+from tpu_kernels import code_memory
+cap, margin = code_memory.limit(), 2500
+# the mark just past where the process starts, a check every 64 executables (~300 mappings)
+code_memory.HIGH, code_memory.CHECK_EVERY = (cap - margin + 300) / cap, 64
+keep = []
+while code_memory.mappings() < cap - margin:      # other mappings fill all but the margin
+    for i in range(min(1000, cap - margin - code_memory.mappings())):
+        keep.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ | (mmap.PROT_WRITE * (i % 2))))
+for n in range(1, 1 + int(sys.argv[1])):          # an executable (or more) a shape
+    assert (torch.ones(n, 2, device="tpu") * 3).sum().item() == 6 * n
+print(code_memory.STATE.reliefs, code_memory.mappings(), cap)
+"""
+
+
+def test_a_process_near_the_limit_keeps_compiling():
+    """Without the guard, the executables of 300 shapes (3-6 mappings each) overrun the
+    2,500 mappings left, and XLA segfaults ("LLVM compilation error: Cannot allocate
+    memory"); with it, the caches empty as the mark is passed and every op runs."""
+    p = subprocess.run([sys.executable, "-c", _NEAR_THE_LIMIT, "300"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    reliefs, now, cap = map(int, p.stdout.split())
+    assert reliefs >= 1 and now < cap

@@ -167,3 +167,19 @@ def test_deferred_program_roles():
     defers = [p.defers for p in compile_backend.PROGRAMS[start:]]
     # forward and backward record; the inference graph (writes no input) runs at once
     assert defers == [True, True, False], defers
+
+
+def test_a_repeating_training_step_keeps_recording():
+    m = _model().to("tpu")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    loss_fn = torch.compile(lambda x, y: F.mse_loss(m(x), y), backend="tpu")
+    x, y = _data("tpu")
+    start = len(compile_backend.PROGRAMS)
+    for _ in range(3 * compile_step.MAX_NEW_FUSIONS):
+        opt.zero_grad()
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    programs = compile_backend.PROGRAMS[start:]
+    assert programs and all(p.defers for p in programs)   # forward, backward, optimizer

@@ -21,16 +21,24 @@ call runs it), and only where a fusion can follow: the forward and backward grap
 training, and inference graphs that write their inputs (an optimizer step). Every
 program is traced with recording paused (its ops run on the trace's values).
 ``TPU_KERNELS_COMPILE_DEFER=0`` turns the recording off (each program runs at once).
+
+A recording pays only when it repeats: one whose eager ops change shape every call (the
+token ids that ``generate()`` grows by one per step around the compiled decode step)
+compiles the whole fused program each time. So a program whose last ``MAX_NEW_FUSIONS``
+recordings each compiled a new program stops recording and runs at once.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
 from tpu_kernels import devices, errors, lazy, random_state
 from tpu_kernels.graph_program import GraphProgram, _no_key
 
+log = logging.getLogger("tpu_kernels.compile_step")
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "1") not in ("", "0")
+MAX_NEW_FUSIONS = 8   # recordings in a row that compiled anew, before a program runs at once
 
 
 class StepProgram(GraphProgram):
@@ -48,6 +56,7 @@ class StepProgram(GraphProgram):
         self.defers = defers and own_jit and not devices.several
         self.starts_step = starts_step
         self._recorders: dict[tuple, Callable] = {}   # statics -> the recorded function
+        self._new_fusions = 0     # recordings in a row whose program was compiled anew
 
     def _trace(self, statics: tuple, key: Any, *arrays: Any) -> Any:
         with lazy.paused():
@@ -69,11 +78,21 @@ class StepProgram(GraphProgram):
             lazy.flush()
         taken = self.n_random
         key = random_state.reserve(taken) if taken else _no_key()
-        storages, flags = lazy.record(fn, key, *[st.array for st, _ in sources])
+        storages, flags = lazy.record(fn, key, *[st.array for st, _ in sources],
+                                      watcher=self._flushed)
         lazy.record_until_flush()
         for f, (op, c) in zip(flags, checks):
             errors.watch(f, op, c)
         return self._results(layout, sources, storages)
+
+    def _flushed(self, compiled: bool) -> None:
+        """A recording holding this program ran: past ``MAX_NEW_FUSIONS`` new programs in a
+        row, recording does not pay here (what surrounds it never repeats)."""
+        self._new_fusions = self._new_fusions + 1 if compiled else 0
+        if self._new_fusions >= MAX_NEW_FUSIONS:
+            self.defers = False
+            log.info("a compiled graph's last %d recordings each compiled a new program: "
+                     "it runs on its own from now on", MAX_NEW_FUSIONS)
 
     def _recorder(self, statics: tuple) -> Any:
         """(the recorded function, its outputs' layout) for a signature, or ``_RUN_NOW``

@@ -81,6 +81,7 @@ class Program:
         self.input_avals: list[Any] = []
         self._input_ids: dict[int, int] = {}
         self.lazies: list[weakref.ref] = []
+        self.watchers: list[Callable[[bool], None]] = []   # told at the flush: compiled anew?
 
     def refs(self, args: tuple) -> tuple[tuple, tuple]:
         """The references of ``args`` (new inputs added) and their aval keys, in one pass."""
@@ -213,9 +214,11 @@ def out_spec(fn: Callable, args: Any, keys: tuple | None = None) -> tuple:
     return hit
 
 
-def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
+def record(fn: Callable, *args: Any, spec: tuple | None = None,
+           watcher: Callable[[bool], None] | None = None) -> Any:
     """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders.
-    ``spec``: its ``out_spec``, when the caller knows it."""
+    ``spec``: its ``out_spec``, when the caller knows it; ``watcher(compiled)`` is called
+    when the recording runs, with whether its program had to be compiled."""
     with _lock:
         index = _device_of(args) if devices.several else 0
         prog = _STATE.program
@@ -225,6 +228,8 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None) -> Any:
         if prog is None:
             prog = _STATE.program = Program(index)
         refs, keys = prog.refs(args)
+        if watcher is not None:
+            prog.watchers.append(watcher)
         leaves, treedef = out_spec(fn, args, keys) if spec is None else spec
         node = len(prog.nodes)
         prog.nodes.append((fn, refs))
@@ -271,6 +276,8 @@ def flush() -> None:
     wanted = tuple([lz.slot for lz in live])
     key = (tuple(prog.nodes), wanted, tuple(prog.input_avals))
     run = _PROGRAMS.get(key)
+    for watcher in prog.watchers:
+        watcher(run is None)
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
         _STATE.compiles += 1

@@ -13,6 +13,8 @@ import transformers as tf
 
 from compiled_programs import Activity
 
+from tpu_kernels import compile_step, lazy
+
 BUCKET, NEW, CACHE = 16, 64, 128
 SIZE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -51,6 +53,7 @@ def _check(name):
     tpu = copy.deepcopy(model).to("tpu")
     tpu.forward = torch.compile(tpu.forward, backend="tpu", dynamic=False)
     g = torch.Generator().manual_seed(1)
+    compiles = lazy.stats()["compiles"]
     with Activity() as ran:
         for length in (8, 13):
             ids = torch.randint(1, 128, (1, length), generator=g)
@@ -64,6 +67,10 @@ def _check(name):
     # two graphs ran, each traced once ever (another test's model of the same shapes may
     # have traced it): the prefill (2 greedy + 2 sampled calls), the decode step (63 each)
     assert [(calls, ever) for calls, _, ever in ran.summary()] == [(4, 1), (4 * (NEW - 1), 1)]
+    # the decode step's recordings never repeat (the token ids grow by one a step): after
+    # compile_step.MAX_NEW_FUSIONS fused programs it runs on its own (each recording was a
+    # new program compiled: 64 a generate() call, ~35,000 memory mappings, 150-225 s)
+    assert lazy.stats()["compiles"] - compiles <= compile_step.MAX_NEW_FUSIONS + 2
 
 
 def test_compiled_generate_llama():

@@ -17,6 +17,7 @@ process kept within 1,500 mappings of the limit still crashed; one kept within 2
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -40,6 +41,7 @@ class _State:
 STATE = _State()
 
 
+@functools.cache   # a boot-time setting
 def limit() -> int:
     """The kernel's limit on a process's memory mappings (65,530 where it cannot be read)."""
     try:
@@ -58,7 +60,7 @@ def mappings() -> int:
         return 0
 
 
-def relieve_if_above(fraction: float = HIGH) -> bool:
+def relieve_if_above(fraction: float) -> bool:
     """Empty the runtime's caches if the mappings exceed ``fraction`` of the limit; whether
     it did."""
     if fraction <= 0:

@@ -228,7 +228,7 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None,
         if prog is None:
             prog = _STATE.program = Program(index)
         refs, keys = prog.refs(args)
-        if watcher is not None:
+        if watcher is not None and watcher not in prog.watchers:   # told once a flush
             prog.watchers.append(watcher)
         leaves, treedef = out_spec(fn, args, keys) if spec is None else spec
         node = len(prog.nodes)

@@ -253,10 +253,23 @@ def dispatch_per_shard() -> None:
     want = F.scaled_dot_product_attention(*ref, is_causal=True)
     want.sum().backward()
     torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=2e-5, atol=2e-5)
-    # (the gradients come back whole: torch lays dq/dk/dv out as [b, s, h, d] views, which
-    # eager mode stores flat, unsharded; inside a compiled graph they stay sharded)
     for t, r in zip(ts, ref):
+        assert spmd.spec_of(t.grad) == heads
         torch.testing.assert_close(t.grad.cpu(), r.grad, rtol=1e-4, atol=1e-4)
+    # a model's layout: [b, s, h, d] projections viewed as [b, h, s, d]; the output and dq
+    # follow the query's layout (strides not contiguous), and their storages keep the heads
+    # sharded (a storage laid out flat would gather them whole onto every device)
+    with registry.interpret():
+        bs = [spmd.mark_sharding(t.transpose(1, 2).contiguous().to("tpu"), mesh,
+                                 (None, None, "tp", None)).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*(b.transpose(1, 2) for b in bs), is_causal=True)
+        out.sum().backward()
+    assert not out.is_contiguous() and spmd.spec_of(out) == heads
+    assert tuple(out._tpu_storage.array.sharding.spec) == (None, None, "tp")
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=2e-5, atol=2e-5)
+    for b, r in zip(bs, ref):
+        assert spmd.spec_of(b.grad) == (None, None, "tp", None)
+        torch.testing.assert_close(b.grad.cpu().transpose(1, 2), r.grad, rtol=1e-4, atol=1e-4)
     # the program the binding makes: no collective at all (each device its heads)
     placed = [jax.device_put(t.numpy(), mesh.sharding(heads)) for t in (q, k, v)]
     with registry.interpret():

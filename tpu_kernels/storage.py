@@ -120,7 +120,8 @@ def place(st: Storage, sharding: jax.sharding.Sharding) -> None:
 
 
 def to_dense(array: jax.Array, order: tuple[int, ...]) -> jax.Array:
-    """``array`` laid out flat in memory order ``order`` (outermost dim first)."""
+    """``array`` laid out in memory order ``order`` (outermost dim first): its dims
+    transposed, not flattened (a sharded dim stays sharded)."""
     return apply(_permuter(order), array)
 
 
@@ -133,7 +134,7 @@ def _reshaper(shape: tuple[int, ...]):
 
 @functools.lru_cache(maxsize=1024)
 def _permuter(order: tuple[int, ...]):
-    return jax.jit(lambda a: jnp.transpose(a, order).reshape(-1))
+    return jax.jit(lambda a: jnp.transpose(a, order))
 
 
 @functools.lru_cache(maxsize=1024)

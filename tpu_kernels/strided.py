@@ -4,7 +4,10 @@ A tpu tensor is (storage, sizes, strides, offset) exactly as in torch; its value
 read from the storage's flat array. Most views (transposes, slices with steps,
 ``select``, ``diagonal``, ``expand``) are a reshape of a window of the storage
 followed by basic slicing and a transpose, which XLA does without a gather; the rest
-(overlapping strides) fall back to a gather with precomputed indices.
+(overlapping strides) fall back to a gather with precomputed indices. Where the window is
+a box of the storage cut on the view's stride grid (a transpose, a slice of a dim), it is
+cut from the storage reshaped to that grid, never flattened: a sharded storage keeps its
+sharding (a flattened one is gathered whole onto every device of an SPMD program).
 """
 from __future__ import annotations
 
@@ -92,6 +95,25 @@ def _window(flat: jax.Array, p: Plan) -> jax.Array:
     return seg.reshape(p.base_shape)
 
 
+def _box(numel: int, p: Plan) -> tuple[tuple[int, ...], tuple] | None:
+    """The storage's shape on the view's stride grid and the view's window as a basic
+    index into it, or None when the window wraps around a grid row (cut it flat)."""
+    if len(p.base_shape) < 2 or numel % (p.span // p.base_shape[0]):
+        return None
+    radix = p.base_shape[1:]
+    grid = (numel // (p.span // p.base_shape[0]),) + radix
+    digits, rest = [], p.offset
+    for n in reversed(grid[1:]):
+        digits.append(rest % n)
+        rest //= n
+    digits = [rest] + digits[::-1]
+    index = (slice(digits[0], digits[0] + p.base_shape[0]),) + tuple(
+        slice(d + i.start, d + i.stop) for d, i in zip(digits[1:-1], p.index[1:-1])) + (digits[-1],)
+    if any(i.stop > n for i, n in zip(index[:-1], grid)):
+        return None
+    return grid, index
+
+
 def _expand_to(x: jax.Array, p: Plan, stride: tuple[int, ...]) -> jax.Array:
     kept = tuple(n if (n > 1 and s != 0) else 1 for n, s in zip(p.size, stride))
     return jnp.broadcast_to(x.reshape(kept), p.size)
@@ -102,13 +124,15 @@ def reader(numel: int, size: tuple[int, ...], stride: tuple[int, ...], offset: i
     """A jitted ``flat_storage -> view value`` for this geometry."""
     p = plan(numel, size, stride, offset)
 
+    box = _box(numel, p) if p.kind == "window" else None
+
     def read(storage: jax.Array) -> jax.Array:
         flat = storage.reshape(-1)
         if p.kind == "empty":
             return jnp.zeros(size, storage.dtype)
         if p.kind == "gather":
             return flat[p.gather_idx].reshape(size)
-        x = _window(flat, p)[p.index]
+        x = storage.reshape(box[0])[box[1]] if box else _window(flat, p)[p.index]
         return _expand_to(jnp.transpose(x, p.perm) if p.perm else x, p, stride)
 
     return jax.jit(read)
@@ -119,6 +143,7 @@ def writer(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...
     """A jitted ``(storage, value) -> new storage`` writing ``value`` into the view."""
     numel = math.prod(shape)
     p = plan(numel, size, stride, offset)
+    box = _box(numel, p) if p.kind == "window" else None
 
     def write(storage: jax.Array, value: jax.Array) -> jax.Array:
         flat = storage.reshape(-1)
@@ -132,6 +157,8 @@ def writer(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...
         v = value.reshape(p.squeezed) if p.squeezed else value.reshape(())
         if p.perm:
             v = jnp.transpose(v, np.argsort(p.perm))
+        if box:
+            return storage.reshape(box[0]).at[box[1]].set(v).reshape(shape)
         win = _window(flat, p).at[p.index].set(v).reshape(-1)
         end = min(flat.shape[0], p.offset + p.span)
         flat = jax.lax.dynamic_update_slice(flat, win[: end - p.offset], (p.offset,))

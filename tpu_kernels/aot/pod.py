@@ -46,10 +46,12 @@ from tpu_kernels.storage import Storage, read_view
 # expert group holds its own tokens (expert parallelism inside data parallelism, as GShard)
 DATA_AXES = ("fsdp", "dp", "ep")
 # Megatron-style plan for Llama/Qwen-shaped decoders: attention heads and FFN columns over
-# "tp" (q/k/v, gate/up column-wise; o/down row-wise), stacked experts over "ep" (dim 0)
+# "tp" (q/k/v, gate/up column-wise; o/down row-wise), stacked experts over "ep" (dim 0);
+# the LM head vocab-parallel (vocab over "tp", then hidden over "fsdp"): with its vocab over
+# "fsdp", the batch's axis, XLA gathered every token's hidden state onto every chip
 TP_PLAN = {"*.q_proj": "colwise", "*.k_proj": "colwise", "*.v_proj": "colwise",
            "*.o_proj": "rowwise", "*.mlp.gate_proj": "colwise", "*.mlp.up_proj": "colwise",
-           "*.mlp.down_proj": "rowwise"}
+           "*.mlp.down_proj": "rowwise", "lm_head": "colwise"}
 EP_PLAN = {"*.experts": {"gate_up_proj": ("ep", None, None), "down_proj": ("ep", None, None)}}
 _ADAMW = dict(lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
 

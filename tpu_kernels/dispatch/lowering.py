@@ -20,9 +20,9 @@ from tpu_kernels.registry.dtypes import to_jax_dtype
 def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes, reads: tuple = (),
            checks: list | None = None, orders: list | None = None) -> Callable:
     """The jitted function for one call signature: reads the views it takes as their
-    storages' arrays (``reads``), fills the template, lowers, casts, and lays out flat in
+    storages' arrays (``reads``), fills the template, lowers, casts, and lays out in
     memory order the results ``orders`` names (``results.dense_order``: torch's strides
-    are not contiguous, so the result's storage is that flat array).
+    are not contiguous, so the result's storage is that transposed array).
     It returns (results, check flags or None); ``.checks`` says what each flag means
     (``checks``: what a persistent cache entry says, until a trace fills it again)."""
     n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
@@ -45,7 +45,7 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
         else:
             result = _cast_outputs(op, impl, result, expect)
             if orders is not None:
-                result = [r if o is None or r is None else jnp.transpose(r, o).reshape(-1)
+                result = [r if o is None or r is None else jnp.transpose(r, o)
                           for r, o in zip(result, orders)]
         checks[:] = [(exc, msg) for _, exc, msg in call.checks]
         flags = jax.numpy.stack([bad for bad, _, _ in call.checks]) if call.checks else None

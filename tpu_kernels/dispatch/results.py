@@ -33,7 +33,7 @@ def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
         if known is not None and not graph_trace.active():   # several plain results (layer norm's three)
             geometries, kind = known
             return kind(wrap_known(a, *g) for a, g in zip(out, geometries))
-        return _wrap_like(compiled.result_meta, iter(out))
+        return _wrap_like(compiled.result_meta, iter(out), laid_out=True)   # build: dense_orders
     alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     it = iter(flatten(out) if eager else out)
     rets = [next(it) for _ in alias_free]
@@ -97,17 +97,18 @@ def returns(plan: OpPlan, args, kwargs, result_meta, rets: list) -> Any:
         if a is not None:
             out.append(plan.arg(a, args, kwargs))
         else:
-            out.append(_wrap_like(m, it))
+            # the op's executable laid out its non-contiguous results (build: dense_orders)
+            out.append(_wrap_like(m, it, laid_out=not plan.mutated))
     return tuple(out) if n > 1 else out[0]
 
 
-def _wrap_like(meta: Any, it) -> Any:
+def _wrap_like(meta: Any, it, laid_out: bool) -> Any:
     if meta is None:
         return wrap_tree(next(it))
     if isinstance(meta, torch.Tensor):
-        return wrap_result(next(it), meta)
+        return wrap_result(next(it), meta, laid_out)
     if isinstance(meta, (list, tuple)):
-        return type(meta)(_wrap_like(m, it) for m in meta)
+        return type(meta)(_wrap_like(m, it, laid_out) for m in meta)
     v = next(it)
     return v.item() if hasattr(v, "item") else v
 
@@ -120,23 +121,24 @@ def wrap_tree(out: Any) -> Any:
     return out
 
 
-def wrap_result(array: jax.Array, meta: torch.Tensor) -> TpuTensor:
+def wrap_result(array: jax.Array, meta: torch.Tensor, laid_out: bool = False) -> TpuTensor:
     """An op's result, with the strides torch's meta function gave: a compiled graph's later
     views (recorded by AOTAutograd against those strides) and DTensor (which keeps the
     meta's strides as the global tensor's and views local tensors by them) must cut the
     same elements. Nearly every result is contiguous; attention outputs and their
     gradients are not (they follow the query's layout, as torch's kernels do). ``array``
-    has the meta's shape, or is already the flat storage in that layout (``dense_order``:
-    an op's executable lays such results out itself)."""
-    stride = meta.stride()
-    if array.ndim != meta.dim():   # laid out by the op's own executable
-        return TpuTensor(Storage(array), tuple(meta.shape), stride, 0, meta.dtype)
-    if stride == strided.contiguous_strides(tuple(array.shape)):
+    has the meta's shape or, ``laid_out``, is already the storage in that layout, its dims
+    transposed to memory order (``dense_order``: an op's executable lays such results out
+    itself)."""
+    stride, shape = meta.stride(), tuple(meta.shape)
+    if stride == strided.contiguous_strides(shape):
         return wrap(array, meta.dtype)
-    order = strided.memory_order(tuple(array.shape), stride)
+    order = strided.memory_order(shape, stride)
     if order is None:   # not a dense layout (torch's meta functions rarely say so)
         return wrap(array, meta.dtype)
-    return TpuTensor(Storage(to_dense(array, order)), array.shape, stride, 0, meta.dtype)
+    if not laid_out:
+        array = to_dense(array, order)
+    return TpuTensor(Storage(array), shape, stride, 0, meta.dtype)
 
 
 def dense_order(meta: Any) -> tuple[int, ...] | None:

@@ -218,6 +218,22 @@ def test_small_llama_step_on_a_slice(capsys):
     assert "8 chips" in out and "all-gather" in out and "MFU" in out
 
 
+def test_small_llama_step_gathers_weights_not_activations():
+    """The small Llama's step on v5e:2x4 (fsdp=4 x tp=2, ~15 s): the LM head is laid out
+    vocab-parallel, and no activation is all-gathered: attention's outputs and gradients
+    (torch's strides follow the query's [batch, seq, heads, dim] layout) stay sharded over
+    heads; their storages were once laid out flat, which XLA could only gather whole."""
+    import re
+    from tpu_kernels.aot.training import build
+    model, _ = build(configs.llama_small())
+    mesh, _ = pod.pod_mesh("v5e:2x4", {"fsdp": 4, "tp": 2})
+    pod.shard_model(model, mesh)
+    assert tuple(model.lm_head.weight._tpu_storage.array.sharding.spec) == ("tp", "fsdp")
+    r = pod.compile_pod_step(configs.llama_small(), "v5e:2x4", {"fsdp": 4, "tp": 2})
+    gathered = re.findall(r"= (\w+\[[\d,]*\])\S* all-gather(?:-start)?\(", r.hlo)
+    assert gathered and all(s.count(",") == 1 for s in gathered), gathered   # weights only
+
+
 @pytest.mark.thorough
 def test_small_moe_step_dispatches_tokens_by_all_to_all():
     """The small Qwen3-MoE on v6e:2x4 (fsdp=2 x ep=4, ~1 min): the experts' op exchanges

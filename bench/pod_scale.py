@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from tpu_kernels.aot import collectives, configs
+from tpu_kernels.aot import collectives, configs, summary
 from tpu_kernels.aot.configs import model_flops_per_token
 from tpu_kernels.pallas import tpu_info
 
@@ -230,7 +230,9 @@ def main() -> None:
 
 def reanalyse(keep: str) -> list[str]:
     """Recount the collective fields of each kept result that has its optimised HLO beside
-    it (``aot.collectives`` as it is now); the JSON files it rewrote."""
+    it (``aot.collectives`` as it is now) and redo its step estimate's correction for
+    uncosted custom calls (``aot.summary.uncosted_seconds`` as it is now); the JSON files
+    it rewrote."""
     done = []
     for name in sorted(os.listdir(keep)):
         path = os.path.join(keep, name)
@@ -238,9 +240,13 @@ def reanalyse(keep: str) -> list[str]:
         if not name.endswith(".json") or not os.path.exists(hlo):
             continue
         with open(hlo) as f:
-            comms = collectives.analyse(f.read())
+            text = f.read()
+        comms = collectives.analyse(text)
         with open(path) as f:
             r = json.load(f)
+        raw = r["step_seconds"] - r.get("uncosted_seconds", _added_before(text))
+        r["uncosted_seconds"] = summary.uncosted_seconds(text, raw)
+        r["step_seconds"] = raw + r["uncosted_seconds"]
         r.update(collectives={k: dict(count=n, bytes=b) for k, (n, b) in comms.by_kind().items()},
                  overlapped_fraction=comms.overlapped_fraction, overlapped_bytes=comms.overlapped_bytes,
                  overlap_by_kind=comms.overlap_by_kind())
@@ -248,6 +254,15 @@ def reanalyse(keep: str) -> list[str]:
             json.dump(r, f, indent=1)
         done.append(path)
     return done
+
+
+def _added_before(hlo_text: str) -> int:
+    """The correction results kept before ``uncosted_seconds`` was recorded had: one second
+    per uncosted call anywhere, PrepareAsyncCall pairs in the entry computation only."""
+    every = summary._TARGET.findall(hlo_text)
+    entry = summary._TARGET.findall(summary._entry(hlo_text))
+    return (sum(t in summary._UNCOSTED - summary._ENTRY_ONLY for t in every)
+            + sum(t in summary._ENTRY_ONLY for t in entry))
 
 
 def _kept(case: str, layers: int, keep: str) -> dict | None:

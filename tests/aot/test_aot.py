@@ -170,9 +170,10 @@ def test_step_report_keeps_each_programs_failure():
 
 
 def test_uncosted_calls_are_corrected_in_the_entry_computation_only():
-    """XLA's estimate counts -1 s per uncosted custom call in the entry computation, none for
-    those in a loop body (v7x's SparseCore offloads put PrepareAsyncCall pairs there: the
-    correction once added them too and reported qwen3-moe-small's forward as 16 s)."""
+    """XLA's estimate counts -1 s per uncosted custom call in the entry computation, and for
+    some of those in a loop body (v7x's SparseCore offloads put PrepareAsyncCall pairs
+    there, never counted: the correction once added them too and reported
+    qwen3-moe-small's forward as 16 s)."""
     from tpu_kernels.aot import summary
 
     call = '  %{0} = s32[] custom-call(), custom_call_target="{1}"\n'
@@ -195,7 +196,9 @@ def test_uncosted_calls_are_corrected_in_the_entry_computation_only():
 
     s = summary.summarize(Fake(), "v7x", 0.0)
     assert s.optimal_seconds == pytest.approx(1e-4) and s.loops == 1
-    # a ConcatBitcast in a loop body (a windowed einsum's) does count: -1 s more
+    # a ConcatBitcast in a loop body: counted by XLA in a windowed einsum's loop (-1 s
+    # more), not in a routing loop's: added back only where the estimate is still short
     text = text.replace('"PrepareAsyncCallDone"', '"ConcatBitcast"')
-    s = summary.summarize(Fake(), "v6e", 0.0)
-    assert s.optimal_seconds == pytest.approx(1.0 + 1e-4)
+    assert summary.summarize(Fake(), "v5e", 0.0).optimal_seconds == pytest.approx(1e-4)
+    Fake.cost_analysis = lambda self: {"optimal_seconds": -3.0 + 1e-4, "flops": 1.0}
+    assert summary.summarize(Fake(), "v6e", 0.0).optimal_seconds == pytest.approx(1e-4)

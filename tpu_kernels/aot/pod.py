@@ -109,6 +109,7 @@ class PodReport:
                     peak_hbm_bytes=s.hbm_bytes, argument_bytes=s.argument_bytes,
                     output_bytes=s.output_bytes, alias_bytes=s.alias_bytes,
                     temp_bytes=s.temp_bytes, step_seconds=s.optimal_seconds, mfu=self.mfu,
+                    uncosted_seconds=s.uncosted_seconds,
                     compile_seconds=s.compile_seconds,
                     collectives={k: dict(count=n, bytes=b)
                                  for k, (n, b) in self.comms.by_kind().items()},

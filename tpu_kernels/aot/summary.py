@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any
 
@@ -48,6 +49,7 @@ class Summary:
     compile_seconds: float
     loops: int = 0              # while loops: XLA's estimate counts each body once
     unknown_calls: tuple[str, ...] = ()   # custom calls XLA may count as -1 s each
+    uncosted_seconds: float = 0.0         # added to XLA's estimate (``uncosted_seconds``)
     @property
     def hbm_bytes(self) -> int:
         """Peak HBM the program holds: arguments + outputs (less what aliases) + temps."""
@@ -120,17 +122,19 @@ def _cost(compiled: Any) -> dict[str, float]:
     return cost or {}
 
 
-# XLA's cost model has no entry for some custom calls, and each one in the entry
-# computation adds -1 s to ``optimal_seconds``: those that split and recombine 64-bit
-# integers (TPUs have no 64-bit ALU), concatenate by bitcast, or set up asynchronous calls.
-# (Found by compiling programs that hold them: the total comes out short by exactly one
-# second per call.) The same calls inside a while loop's body add nothing: on v7x the
-# SparseCore gather/scatter offloads put PrepareAsyncCall pairs in loop bodies, and counting
-# those too turned qwen3-moe-small's forward estimate into 16 s (raw -15 s: 15 calls in the
-# entry, 16 more in loop bodies). The others count wherever they are: a ConcatBitcast in
-# the body of a windowed-einsum while loop (llama3-8b at 2 layers on v6e:8x8) took one more
-# second off the estimate (-0.961 s with the entry's 26 calls added back). Custom calls in
-# neither list leave the estimate uncertain; the summary names them.
+# XLA's cost model has no entry for some custom calls, and each one it counts adds -1 s to
+# ``optimal_seconds``: those that split and recombine 64-bit integers (TPUs have no 64-bit
+# ALU), concatenate by bitcast, or set up asynchronous calls. (Found by compiling programs
+# that hold them: the total comes out short by exactly one second per call.) Every one in
+# the entry computation counts. In loop bodies some do and some do not: on v7x the
+# SparseCore gather/scatter offloads put PrepareAsyncCall pairs in loop bodies, which never
+# count (adding them turned qwen3-moe-small's forward estimate into 16 s); a ConcatBitcast
+# in a windowed einsum's loop body counted (llama3-8b at 2 layers on v6e:8x8: -0.961 s
+# with the entry's 26 calls added back), three in a routing loop's body did not
+# (qwen3-moe-30b at 1 layer on v5e:16x16: adding them made a 0.127 s step 3.127 s). So the
+# body's calls are added back only as many as bring the estimate to zero or more: the
+# programs compiled here run for well under a second. Custom calls in neither list leave
+# the estimate uncertain; the summary names them.
 _UNCOSTED = frozenset({"X64SplitLow", "X64SplitHigh", "X64Combine", "ConcatBitcast",
                        "PrepareAsyncCallStart", "PrepareAsyncCallDone"})
 _ENTRY_ONLY = frozenset({"PrepareAsyncCallStart", "PrepareAsyncCallDone"})
@@ -148,15 +152,25 @@ def _entry(hlo_text: str) -> str:
     return hlo_text[start:end if end >= 0 else len(hlo_text)]
 
 
+def uncosted_seconds(hlo_text: str, raw: float) -> float:
+    """What XLA's ``optimal_seconds`` (``raw``) lacks for the uncosted custom calls of
+    ``hlo_text``: a second for each in the entry computation, and for as many in loop
+    bodies as bring the estimate to zero or more."""
+    in_entry = _TARGET.findall(_entry(hlo_text))
+    entry = sum(t in _UNCOSTED for t in in_entry)
+    body = sum(t in _UNCOSTED - _ENTRY_ONLY for t in _TARGET.findall(hlo_text)) - sum(
+        t in _UNCOSTED - _ENTRY_ONLY for t in in_entry)
+    return entry + min(body, max(0, math.ceil(-(raw + entry))))
+
+
 def summarize(compiled: Any, chip: str, compile_seconds: float) -> Summary:
     """The ``Summary`` of a ``jax.stages.Compiled`` for ``chip``."""
     mem = compiled.memory_analysis()
     cost = _cost(compiled)
     text = compiled.as_text()
     targets = _TARGET.findall(text)
-    seconds = float(cost.get("optimal_seconds", 0.0)) + sum(
-        t in _ENTRY_ONLY for t in _TARGET.findall(_entry(text))) + sum(
-        t in _UNCOSTED - _ENTRY_ONLY for t in targets)
+    raw = float(cost.get("optimal_seconds", 0.0))
+    added = uncosted_seconds(text, raw)
     return Summary(
         chip=chip,
         kernels=kernels(text),
@@ -168,8 +182,9 @@ def summarize(compiled: Any, chip: str, compile_seconds: float) -> Summary:
         flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         transcendentals=float(cost.get("transcendentals", 0.0)),
-        optimal_seconds=seconds,
+        optimal_seconds=raw + added,
         compile_seconds=compile_seconds,
         loops=len(re.findall(r"[)\]}] while\(", text)),     # "<result type> while(...)"
         unknown_calls=tuple(sorted(set(targets) - _UNCOSTED - _COSTED)),
+        uncosted_seconds=added,
     )

@@ -41,6 +41,7 @@ CASES = {
     "qwen3-moe-30b@v6e:8x8": ("qwen3-moe-30b", "v6e:8x8", "fsdp=16,ep=4"),
     # the same with each decoder layer checkpointed (``aot --remat``)
     "llama3-8b@v5e:16x16+remat": ("llama3-8b", "v5e:16x16", "fsdp=64,tp=4"),
+    "qwen3-moe-30b@v6e:8x8+remat": ("qwen3-moe-30b", "v6e:8x8", "fsdp=16,ep=4"),
 }
 LINEAR = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "step_seconds",
           "overlapped_bytes")

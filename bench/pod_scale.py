@@ -1,13 +1,13 @@
 """Pod-scale training steps proven by the real TPU compiler (libtpu compile-only slices),
 at the depths that compile on this machine, scaled to full depth, as a markdown page.
 
-    python -m tpu_kernels.bench.pod_scale --depths 1,2 -o bench/results/pod_scale.md
+    python -m tpu_kernels.bench.pod_scale --depths 1,2,4 -o docs/reports/pod_scale.md
     python -m tpu_kernels.bench.pod_scale --cases llama3-8b@v5e:16x16 --depths 2
 
 Each case is ``python -m tpu_kernels aot --model M --layers L --mesh ... --topology ...
 --json`` run in its own process (its wall clock and peak RSS are recorded; each result is
 kept in ``--keep`` as JSON, so a long run can be resumed and a report rebuilt with
-``--report-only``). With two depths L1 < L2 compiled, every per-chip figure f (HBM
+``--report-only``). From the two deepest depths L1 < L2 compiled, every per-chip figure f (HBM
 arguments, outputs, temporaries, collective bytes per kind, XLA's step estimate) is scaled
 to the model's full depth N as f(L2) + (N - L2) * (f(L2) - f(L1)) / (L2 - L1): the layers
 are identical, so each adds the same; the figures so obtained are labelled *scaled*. MFU

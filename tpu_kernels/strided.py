@@ -98,10 +98,10 @@ def _window(flat: jax.Array, p: Plan) -> jax.Array:
 def _box(numel: int, p: Plan) -> tuple[tuple[int, ...], tuple] | None:
     """The storage's shape on the view's stride grid and the view's window as a basic
     index into it, or None when the window wraps around a grid row (cut it flat)."""
-    if len(p.base_shape) < 2 or numel % (p.span // p.base_shape[0]):
+    row = p.span // p.base_shape[0]            # the view's outermost stride
+    if len(p.base_shape) < 2 or numel % row:
         return None
-    radix = p.base_shape[1:]
-    grid = (numel // (p.span // p.base_shape[0]),) + radix
+    grid = (numel // row,) + p.base_shape[1:]
     digits, rest = [], p.offset
     for n in reversed(grid[1:]):
         digits.append(rest % n)
@@ -121,9 +121,9 @@ def _expand_to(x: jax.Array, p: Plan, stride: tuple[int, ...]) -> jax.Array:
 
 @functools.lru_cache(maxsize=4096)
 def reader(numel: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int):
-    """A jitted ``flat_storage -> view value`` for this geometry."""
+    """A jitted ``storage -> view value`` for this geometry (any storage shape of
+    ``numel`` elements)."""
     p = plan(numel, size, stride, offset)
-
     box = _box(numel, p) if p.kind == "window" else None
 
     def read(storage: jax.Array) -> jax.Array:

@@ -29,8 +29,10 @@ def views(draw):
 
 
 def _expected(flat: np.ndarray, size, stride, offset) -> np.ndarray:
+    """The view as numpy cuts it (writable: ``flat`` is then written through it)."""
     item = flat.itemsize
-    return np.lib.stride_tricks.as_strided(flat[offset:], size, [s * item for s in stride])
+    return np.lib.stride_tricks.as_strided(flat[offset:], size, [s * item for s in stride],
+                                           writeable=True)
 
 
 @settings(max_examples=60)
@@ -53,8 +55,7 @@ def test_writing_a_view_equals_as_strided(view):
     flat = np.arange(math.prod(shape), dtype=np.float32)
     value = np.random.default_rng(0).standard_normal(size).astype(np.float32)
     want = flat.copy()
-    np.lib.stride_tricks.as_strided(want[offset:], size, [s * 4 for s in stride],
-                                    writeable=True)[...] = value
+    _expected(want, size, stride, offset)[...] = value
     got = strided.writer(shape, size, stride, offset)(jnp.asarray(flat.reshape(shape)),
                                                       jnp.asarray(value))
     assert got.shape == shape

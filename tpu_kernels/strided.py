@@ -98,15 +98,10 @@ def _window(flat: jax.Array, p: Plan) -> jax.Array:
 def _box(numel: int, p: Plan) -> tuple[tuple[int, ...], tuple] | None:
     """The storage's shape on the view's stride grid and the view's window as a basic
     index into it, or None when the window wraps around a grid row (cut it flat)."""
-    row = p.span // p.base_shape[0]            # the view's outermost stride
-    if len(p.base_shape) < 2 or numel % row:
+    if len(p.base_shape) < 2 or numel % (row := p.span // p.base_shape[0]):   # outermost stride
         return None
     grid = (numel // row,) + p.base_shape[1:]
-    digits, rest = [], p.offset
-    for n in reversed(grid[1:]):
-        digits.append(rest % n)
-        rest //= n
-    digits = [rest] + digits[::-1]
+    digits = [int(d) for d in np.unravel_index(p.offset, grid)]   # where the window starts
     index = (slice(digits[0], digits[0] + p.base_shape[0]),) + tuple(
         slice(d + i.start, d + i.stop) for d, i in zip(digits[1:-1], p.index[1:-1])) + (digits[-1],)
     if any(i.stop > n for i, n in zip(index[:-1], grid)):

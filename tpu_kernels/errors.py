@@ -1,8 +1,9 @@
 """Errors that cannot be raised where they happen, raised at the next chance instead.
 
-torch runs backward ops of a PrivateUse1 device on an autograd worker thread, where an
-exception escaping into torch's C++ aborts the whole process (its stream guard calls back
-into Python while unwinding). So an error in a tpu op during ``backward()`` is recorded
+Inside torch's autograd engine, an exception escaping a tpu op into torch's C++ aborts
+the whole process (the device's stream guard calls back into Python while unwinding),
+whichever thread runs the backward graph (tpu backward runs on the calling thread: see
+``device._backward_on_the_calling_thread``). So an error in a tpu op during ``backward()`` is recorded
 here, the op returns zeros of the right shape so the engine can finish, and the error is
 raised, naming the op, at the next tpu op or synchronisation on the user's thread
 (``.item()``, ``.cpu()``, printing, ``torch.tpu.synchronize()``), the way CUDA reports
@@ -95,7 +96,6 @@ def _check_watched(keep: int = 0) -> None:
                 return
 
 
-def on_worker_thread() -> bool:
-    """True on torch's autograd worker thread, while it runs a backward graph."""
-    return threading.current_thread() is not threading.main_thread() and \
-        torch._C._current_graph_task_id() != -1
+def in_backward() -> bool:
+    """True while torch's autograd engine runs a backward graph on this thread."""
+    return torch._C._current_graph_task_id() != -1

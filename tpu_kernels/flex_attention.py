@@ -134,7 +134,7 @@ def backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, block
     try:
         return _backward(*args)
     except Exception as exc:
-        if not errors.on_worker_thread():
+        if not errors.in_backward():
             raise
         # an exception escaping into the autograd engine's thread aborts the process
         errors.defer(exc, "flex_attention_backward")

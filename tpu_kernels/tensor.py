@@ -25,19 +25,19 @@ DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
 
 _dispatch: Callable[[Any, tuple, dict], Any] | None = None
 _guarded: Callable[[Any, tuple, dict], Any] | None = None
-_on_worker_error: Callable[[Any, tuple, dict, Exception], Any] | None = None
+_on_backward_error: Callable[[Any, tuple, dict, Exception], Any] | None = None
 # the frame callback Dynamo sets while a compiled function runs (None outside torch.compile)
 _frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 
 
 def install_dispatch(run: Callable[[Any, tuple, dict], Any], guarded: Callable[[Any, tuple, dict], Any],
-                     on_worker_error: Callable[[Any, tuple, dict, Exception], Any]) -> None:
+                     on_backward_error: Callable[[Any, tuple, dict, Exception], Any]) -> None:
     """The dispatcher's entry (``run(op, args, kwargs)``), the same entry for calls made
     under torch.compile (``guarded``: Dynamo must never trace the runtime), and what to do
-    with an error on torch's autograd worker thread, where raising would abort the process
+    with an error inside torch's autograd engine (backward), where raising would abort the process
     (see errors.py)."""
-    global _dispatch, _guarded, _on_worker_error
-    _dispatch, _guarded, _on_worker_error = run, guarded, on_worker_error
+    global _dispatch, _guarded, _on_backward_error
+    _dispatch, _guarded, _on_backward_error = run, guarded, on_backward_error
 
 
 _TORCH_DATA = torch._C.TensorBase.data     # the C getset TpuTensor.data wraps
@@ -119,9 +119,9 @@ class TpuTensor(torch.Tensor):
         try:
             return run(func, args, kwargs)
         except Exception as exc:
-            if not errors.on_worker_thread():
+            if not errors.in_backward():
                 raise
-            return _on_worker_error(func, args, kwargs, exc)
+            return _on_backward_error(func, args, kwargs, exc)
 
     # torch.compile takes tpu tensors apart into one memory-less shadow (see shadow.py).
     # Dynamo's guards call this twice per tpu input on every compiled call (the subclass

@@ -1,6 +1,6 @@
 """Calls that run in torch land rather than as one jitted impl: a decomposition (its ops
-dispatch again), the CPU fallback (copies there and back), and an error on torch's
-autograd worker thread (recorded, zeros returned; see errors.py)."""
+dispatch again), the CPU fallback (copies there and back), and an error inside
+torch's autograd engine, during backward (recorded, zeros returned; see errors.py)."""
 from __future__ import annotations
 
 import threading

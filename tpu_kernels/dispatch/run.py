@@ -65,7 +65,7 @@ def _state(op: OpOverload) -> _OpState:
 
 def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Execute ``op`` on tpu tensors (the ``__torch_dispatch__`` of every tpu tensor)."""
-    if errors.pending() and not errors.on_worker_thread():
+    if errors.pending() and not errors.in_backward():
         errors.raise_pending()
     s = _OPS.get(id(op))
     if s is None or s.op is not op or s.epoch != REGISTRY.epoch:

@@ -1,7 +1,7 @@
 """What every c10d op handler shares: its arguments bound by schema name, the checks every
 collective makes (tpu tensors only, a supported reduce op), its group and its work handle,
 and the wrapper (``handler``) that turns ``fn(args) -> result`` into a runtime handler that
-records, rather than raises, an error on torch's autograd worker thread."""
+records, rather than raises, an error inside torch's autograd engine (backward)."""
 from __future__ import annotations
 
 import dataclasses
@@ -77,9 +77,9 @@ def work_handle(name: str, group: Group, arrays: list, result: Any) -> Any:
 def handler(name: str, returns_tensors: str | None) -> Callable:
     """Register-ready handler around ``fn(a: dict) -> result`` for collective ``name``.
 
-    On torch's autograd worker thread (DDP's gradient hooks) an exception escaping into
-    C++ would abort the process: there the error is recorded and raised at the next tpu
-    op on the user's thread, and the op returns its inputs with a finished handle.
+    Inside torch's autograd engine (DDP's gradient hooks, during backward) an exception
+    escaping into C++ would abort the process: there the error is recorded and raised at
+    the next tpu op after backward, and the op returns its inputs with a finished handle.
     """
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -88,7 +88,7 @@ def handler(name: str, returns_tensors: str | None) -> Callable:
             try:
                 return fn(a)
             except Exception as exc:
-                if not errors.on_worker_thread():
+                if not errors.in_backward():
                     raise
                 errors.defer(exc, f"tpu {name}")
                 dummy = TpuWork(name, Group("?", (0,), 0, 1.0), [], None).boxed()

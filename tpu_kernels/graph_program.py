@@ -33,7 +33,7 @@ from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap_known
+from tpu_kernels.tensor import TpuTensor, read, wrap_known, source as tensor_source
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,8 @@ class GraphProgram:
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
-        # (storage, geometry) per tensor input; a tpu tensor's inline (one Python call per
-        # input less on every compiled call: a GPT passes each parameter)
-        sources = [a._tpu_shadow._tpu_source if type(a) is TpuTensor else source_of(a) for a in tensors]
+        # (storage, geometry) per tensor input; a tpu tensor's without a shadow made
+        sources = [tensor_source(a) if type(a) is TpuTensor else source_of(a) for a in tensors]
         host = self.host
         if host is not None:     # CPU inputs updated on the host (see host_writes.py)
             updates = host.compute(tensors)
@@ -283,8 +282,7 @@ def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
     """The storage and view geometry behind a compiled graph's tensor argument: a tpu
     tensor, a shadow (whose tensor may be gone), or a CPU tensor (a host array)."""
     if isinstance(x, TpuTensor):
-        # its shadow holds both, kept while its geometry holds (Dynamo's guards read it)
-        return x._tpu_shadow._tpu_source
+        return tensor_source(x)
     src = shadow.source(x)
     if src is not None:
         return src

@@ -324,6 +324,16 @@ def wrap_fast(array: jax.Array, size: tuple, dtype: torch.dtype, nbytes: int, in
     return r
 
 
+def source(t: TpuTensor) -> tuple[Storage, tuple]:
+    """(storage, (sizes, strides, offset, dtype)) of a tpu tensor that has a storage: its
+    shadow's if it has one, else read off the tensor (no shadow made: a compiled graph's
+    fresh inputs, the saved activations and gradients a backward gets, need none)."""
+    s = t.__dict__.get("_tpu_shadow")
+    if s is not None:
+        return s._tpu_source
+    return t._tpu_storage, (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
 def read(t: TpuTensor) -> jax.Array:
     """The value of ``t``: its storage's array, or the view cut out of it. While deferred
     mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""

@@ -1,5 +1,6 @@
-"""A compiled training step's programs run as one executable (compile_step.py), with
-eager semantics: any read of an output in between runs what is pending."""
+"""A compiled training step's programs run as one executable (compile_step.py, opt-in:
+``TPU_KERNELS_COMPILE_DEFER=1``, switched on here), with eager semantics: any read of an
+output in between runs what is pending."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from tpu_kernels import compile_backend, compile_step, deferred_mode, lazy
+
+
+@pytest.fixture(autouse=True)
+def recording_on(monkeypatch):
+    monkeypatch.setattr(compile_step, "ON", True)
 
 
 @pytest.fixture(autouse=True)

@@ -60,7 +60,7 @@ def test_mlp_training_matches_cpu_and_aotautograd(monkeypatch):
     want_out, want = _mlp_grads(cpu, x)
     tpu = copy.deepcopy(cpu).to("tpu")
     cm, handed = _compile(tpu)
-    for _ in range(2):       # the second call runs the recorded step (compile_step)
+    for _ in range(2):       # the second call runs the compiled programs, traced by the first
         out, grads = _mlp_grads(cm, x.to("tpu"))
         torch.testing.assert_close(out.cpu(), want_out, atol=1e-5, rtol=1e-5)
         for g, w in zip(grads, want):

@@ -50,6 +50,9 @@ CALLS = LRU(on_evict=_retire)   # call signature -> CompiledCall (a compiled exe
 #     (CompiledCall, positions of its leaves, its key in CALLS, the CALLS it is in)
 FAST: dict[tuple, tuple] = {}
 VIEWS = LRU()                   # view signature -> torch's meta result
+# the hot path's index of views with int arguments: (op, base's geometry token, its
+# storage array's shape and dtype, the arguments) -> the view's geometry (views.py)
+FAST_VIEWS: dict[tuple, tuple] = {}
 TRACES: dict[Any, int] = {}     # op -> number of times an impl was traced for it
 
 
@@ -80,4 +83,5 @@ def clear_cache() -> None:
     FAST.clear()
     _RETIRED.clear()
     VIEWS.clear()
+    FAST_VIEWS.clear()
     TRACES.clear()

@@ -11,7 +11,8 @@ from tpu_kernels.dispatch import cache
 from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.dispatch.devices import device_error
 from tpu_kernels.dispatch.signature import freeze
-from tpu_kernels.tensor import TpuTensor, value, wrap
+from tpu_kernels.fast_tokens import fast_token
+from tpu_kernels.tensor import DEVICES, TpuTensor, _new_wrapper, value, wrap
 
 aten = torch.ops.aten
 
@@ -28,6 +29,11 @@ REINTERPRET: dict[Any, Callable] = {
 
 def run_view(op, args: tuple, kwargs: dict) -> Any:
     base = args[0]
+    fast = _fast_key(op, base, args) if type(base) is TpuTensor and not kwargs else None
+    if fast is not None:
+        hit = cache.FAST_VIEWS.get(fast)
+        if hit is not None:
+            return _new_view(base._tpu_storage, *hit)
     if not isinstance(base, TpuTensor):
         raise device_error(op, base)
     reinterpret = REINTERPRET.get(op)
@@ -40,7 +46,54 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         metas = cache.VIEWS.put(key, meta_call(op, args, kwargs))
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
-    return _view_like(base, metas)
+    out = _view_like(base, metas)
+    if fast is not None and type(out) is TpuTensor:
+        if len(cache.FAST_VIEWS) >= _MAX_FAST_VIEWS:   # dynamic shapes: start over
+            cache.FAST_VIEWS.clear()
+        cache.FAST_VIEWS[fast] = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype,
+                                  out._tpu_direct, fast_token(out))
+    return out
+
+
+_MAX_FAST_VIEWS = 1 << 16
+
+
+def _fast_key(op: Any, base: TpuTensor, args: tuple) -> tuple | None:
+    """The FAST_VIEWS key of a view of ``base`` whose other arguments are ints or int
+    lists (``view``, ``t``, ``transpose``, ``permute``, ``select``, ``slice``, ``expand``,
+    ``unsqueeze``...), or None. The base's geometry token stands for its sizes, dtype,
+    device and (a view) strides and offset; with its storage array's shape and dtype, the
+    view's geometry and whether it is the whole storage follow."""
+    storage = base._tpu_storage
+    if storage is None:      # a traced tensor
+        return None
+    tok, st = base._tpu_fk, storage.array
+    key = [op, fast_token(base) if tok is None else tok, st.shape, st.dtype]
+    for a in args[1:]:
+        t = type(a)
+        if t is int:
+            key.append(a)
+        elif t is list or t is tuple:
+            for x in a:
+                if type(x) is not int:
+                    return None
+            key.append(tuple(a))
+        elif a is None:
+            key.append(None)
+        else:
+            return None
+    return tuple(key)
+
+
+def _new_view(storage: Any, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
+              direct: bool, token: int) -> TpuTensor:
+    """``TpuTensor(storage, ...)`` with everything known (a FAST_VIEWS hit)."""
+    r = _new_wrapper(TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype,
+                     device=DEVICES[storage.index])
+    r._tpu_storage = storage
+    r._tpu_direct = direct
+    r._tpu_fk = token
+    return r
 
 
 def _view_like(base: TpuTensor, m: Any) -> Any:

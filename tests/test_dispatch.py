@@ -237,3 +237,17 @@ def test_foreach_and_list_ops_run_through_the_fast_index(monkeypatch):
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
     assert not [op for op in slow if "foreach" in op or "cat" in op or "stack" in op], slow
+
+
+def test_a_view_from_the_fast_index_is_the_view_first_made():
+    x = torch.randn(4, 6, device="tpu")
+    makes = [lambda t: t.t(), lambda t: t.view(2, 12), lambda t: t[1:3], lambda t: t.transpose(0, 1)[2],
+             lambda t: t.unsqueeze(0).expand(3, 4, 6), lambda t: t.view(torch.int32)]
+    for make in makes:
+        first, again = make(x), make(x)      # the second comes from views.FAST_VIEWS
+        assert (again.shape, again.stride(), again.storage_offset(), again.dtype, again._tpu_direct) == \
+            (first.shape, first.stride(), first.storage_offset(), first.dtype, first._tpu_direct)
+        torch.testing.assert_close(again.cpu(), make(x.cpu()))
+    empty = torch.empty(0, 3, device="tpu")
+    for _ in range(2):      # an empty view keeps a torch storage torch.compile need not resize
+        assert empty.t().untyped_storage().nbytes() > 0

@@ -47,7 +47,8 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
     out = _view_like(base, metas)
-    if fast is not None and type(out) is TpuTensor:
+    # (an empty view keeps TpuTensor's one-element torch storage: not indexed)
+    if fast is not None and type(out) is TpuTensor and out.numel():
         if len(cache.FAST_VIEWS) >= _MAX_FAST_VIEWS:   # dynamic shapes: start over
             cache.FAST_VIEWS.clear()
         cache.FAST_VIEWS[fast] = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype,

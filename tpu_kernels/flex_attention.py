@@ -136,7 +136,7 @@ def backward(q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, block
     except Exception as exc:
         if not errors.in_backward():
             raise
-        # an exception escaping into the autograd engine's thread aborts the process
+        # an exception escaping into the autograd engine aborts the process
         errors.defer(exc, "flex_attention_backward")
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v),
                 tuple(torch.zeros_like(b) if isinstance(b, torch.Tensor) else None

@@ -109,7 +109,7 @@ class GraphProgram:
         (abstract values, e.g. placed on a TPU chip: ``tpu_kernels.aot`` compiles models
         this way)."""
         statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
-                   tuple(_geometry(a) for a, t in zip(args, self.is_tensor) if t))
+                   tuple(shadow.geometry(a) for a, t in zip(args, self.is_tensor) if t))
         return self._jitted.lower(statics, key, *arrays)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
@@ -246,7 +246,7 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
         if not isinstance(o, TpuTensor):
             layout.append(("value", o))
             continue
-        st, geometry = o._tpu_storage, _geometry(o)
+        st, geometry = o._tpu_storage, shadow.geometry(o)
         k = next((k for k, s in enumerate(inputs) if s is st), None)
         if k is not None:
             layout.append(("input", k, geometry))
@@ -322,8 +322,3 @@ def _static(a: Any) -> Any:
     if isinstance(a, torch.SymFloat):
         return float(a)
     return a
-
-
-def _geometry(t: TpuTensor) -> tuple:
-    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
-

@@ -43,6 +43,11 @@ def torch_storage(st: Storage, device: torch.device) -> torch.UntypedStorage:
     return storage
 
 
+def geometry(t: torch.Tensor) -> tuple:
+    """(sizes, strides, offset, dtype): the view geometry a compiled program is keyed on."""
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
+
+
 def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
     pointing back to ``t``."""
@@ -52,7 +57,7 @@ def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     _SET.redispatch(_CPU_KEYS, s, storage, t.storage_offset(), t.shape, t.stride())
     s._tpu_owner = weakref.ref(t)   # weak: t keeps its shadow, not the other way round
     # strong: no cycle (the storage holds only the torch storage, not the shadow)
-    s._tpu_source = (st, (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype))
+    s._tpu_source = (st, geometry(t))
     return s
 
 

@@ -331,7 +331,7 @@ def source(t: TpuTensor) -> tuple[Storage, tuple]:
     s = t.__dict__.get("_tpu_shadow")
     if s is not None:
         return s._tpu_source
-    return t._tpu_storage, (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+    return t._tpu_storage, shadow.geometry(t)
 
 
 def read(t: TpuTensor) -> jax.Array:

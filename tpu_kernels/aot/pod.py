@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import spmd, spmd_kernels, spmd_moe, strided, transformers_moe
+from tpu_kernels import shadow, spmd, spmd_kernels, spmd_moe, strided, transformers_moe
 from tpu_kernels.aot import collectives, graphs, overlap, topology
 from tpu_kernels.aot.remat import checkpoint_layers
 from tpu_kernels.aot.compiler import compile_lowered
@@ -37,7 +37,7 @@ from tpu_kernels.dispatch import memory
 from tpu_kernels.aot.configs import ModelSpec, model_flops_per_token
 from tpu_kernels.aot.summary import Summary
 from tpu_kernels.aot.training import build
-from tpu_kernels.graph_program import GraphProgram, _geometry, _static, settings
+from tpu_kernels.graph_program import GraphProgram, _static, settings
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.storage import Storage, read_view
@@ -261,7 +261,7 @@ def _placed(a: jax.ShapeDtypeStruct, default: jax.sharding.Sharding) -> jax.Shap
 def _statics(example_inputs, program: GraphProgram) -> tuple:
     return (settings(),
             tuple(_static(a) for a, t in zip(example_inputs, program.is_tensor) if not t),
-            tuple(_geometry(a) for a, t in zip(example_inputs, program.is_tensor) if t))
+            tuple(shadow.geometry(a) for a, t in zip(example_inputs, program.is_tensor) if t))
 
 
 def _outputs(program: GraphProgram, statics: tuple, key, arrays) -> list[Any]:
@@ -288,7 +288,7 @@ def _forward(program: GraphProgram, statics: tuple, key, arrays):
 def _backward(bw: graphs.Graph, key, saved: list, loss) -> list:
     """The backward graph on the forward's saved tensors and d(loss) = 1: a gradient (or
     None) per forward input."""
-    tangent = (jnp.ones(loss.shape, loss.dtype), _geometry(bw.example_inputs[-1]))
+    tangent = (jnp.ones(loss.shape, loss.dtype), shadow.geometry(bw.example_inputs[-1]))
     pairs = [*saved, tangent]
     scalars = tuple(_static(a) for a, t in zip(bw.example_inputs, bw.program.is_tensor) if not t)
     statics = (settings(), scalars, tuple(g for _, g in pairs))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,8 +80,9 @@ def adamw_step(p: dict, grads: dict, state: dict, *, lr: float = 3e-3, b1: float
 
 
 def init_state(p: dict) -> dict[str, Any]:
-    zeros = jax.tree.map(jnp.zeros_like, p)   # jax arrays are immutable: m and v may share
-    return {"step": jnp.zeros((), jnp.float32), "m": zeros, "v": zeros}
+    # m and v each their own buffers: the train step donates them
+    return {"step": jnp.zeros((), jnp.float32), "m": jax.tree.map(jnp.zeros_like, p),
+            "v": jax.tree.map(jnp.zeros_like, p)}
 
 
 def jitted(layers: int, heads: int):
@@ -87,7 +90,9 @@ def jitted(layers: int, heads: int):
     (loss, p, state)."""
     fwd = jax.jit(lambda p, tokens: forward(p, tokens, layers=layers, heads=heads))
 
-    @jax.jit
+    # parameters and optimizer state donated, as JAX training code does (and as the tpu
+    # backend donates what a compiled optimizer step writes)
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(p, state, tokens):
         value, grads = jax.value_and_grad(loss)(p, tokens, layers=layers, heads=heads)
         p, state = adamw_step(p, grads, state)

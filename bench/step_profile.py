@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import torch
 
 from tpu_kernels import graph_program, lazy
@@ -62,7 +63,11 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
         jitted = self._jitted
 
         def jit_call(*a):
-            _last[_name(self)] = (jitted, a)
+            # (donated arrays are given up by the call: the profile keeps copies)
+            # the first call's arguments only: holding a later step's arrays would make the
+            # program copy what it donates (statics and key come first; a donated array
+            # keeps its shape and dtype: exe_times passes new ones)
+            _last.setdefault(_name(self), (jitted, a, tuple(2 + k for k in self.donated)))
             with clock.span(f"  jit call {_name(self)}"):
                 return jitted(*a)
         self._jitted = jit_call
@@ -77,7 +82,7 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
             return flush()
 
     def timed_run_on(index, fn, inputs):
-        _last["recorded step"] = (fn, inputs)
+        _last["recorded step"] = (fn, inputs, ())
         with clock.span("  run of the recording (lazy flush)"):
             return run_on(index, fn, inputs)
     graph_program.GraphProgram.__call__ = timed_call
@@ -97,19 +102,28 @@ def _name(program: Any) -> str:
 
 
 _ids: dict[int, int] = {}
-_last: dict[str, tuple] = {}     # program -> (its jitted function, its last arguments)
+_last: dict[str, tuple] = {}     # program -> (its jitted function, its first arguments, donated positions)
+
+
+def _with_copies(args: tuple, positions: tuple) -> tuple:
+    """``args`` with new arrays at ``positions`` (arguments a call donates): copies, or
+    zeros where the array was given up already."""
+    def fresh(x):
+        return jnp.zeros(x.shape, x.dtype) if x.is_deleted() else jnp.array(x, copy=True)
+    return tuple(jax.tree.map(fresh, a) if i in positions else a for i, a in enumerate(args))
 
 
 def exe_times(reps: int = 30) -> dict[str, float]:
-    """Median seconds of each program's jitted function alone, called again on its last
+    """Median seconds of each program's jitted function alone, called again on its first
     arguments and waited for (its executable's run plus JAX's dispatch)."""
     out = {}
-    for name, (fn, args) in _last.items():
-        jax.block_until_ready(fn(*args))
+    for name, (fn, args, donated) in _last.items():
+        jax.block_until_ready(fn(*_with_copies(args, donated)))
         times = []
         for _ in range(reps):
+            call_args = _with_copies(args, donated)
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
+            jax.block_until_ready(fn(*call_args))
             times.append(time.perf_counter() - t0)
         out[name] = statistics.median(times)
     return out
@@ -209,7 +223,7 @@ def main() -> None:
         if mode == "jax jit":
             _, jstep = jax_gpt.jitted(cfg.layers, cfg.heads)
             params = jax_gpt.params_from(model)
-            _last["jax step"] = (jstep, (params, jax_gpt.init_state(params), jax_gpt.tokens_from(tokens)))
+            _last["jax step"] = (jstep, (params, jax_gpt.init_state(params), jax_gpt.tokens_from(tokens)), (0, 1))
         profile(graph_modes._train_step(mode, model, tokens), a.steps)
     jax.clear_caches()
 

@@ -1,6 +1,6 @@
 """torch.compile(backend="tpu")'s per-call shortcuts keep results right: inference graphs
 called without AOTAutograd's wrappers, shadows kept on the tensor, CPU step counters
-updated on the host."""
+updated on the host, written inputs donated to the program."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tpu_kernels  # noqa: F401
-from tpu_kernels import compile_backend
+from tpu_kernels import compile_backend, graph_program
 
 
 @pytest.fixture(autouse=True)
@@ -107,6 +107,77 @@ def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
         assert opt_tpu.state[b]["step"].device.type == "cpu"
         torch.testing.assert_close(opt_tpu.state[b]["step"], opt_cpu.state[a]["step"])
+
+
+def test_a_compiled_optimizer_step_donates_the_state_it_writes():
+    """The parameters and moments a compiled AdamW step writes are donated (XLA writes the
+    new values over the old buffers: one copy of the state); an array someone still holds
+    (a ``.jax()`` kept) is copied instead, keeps its values, and the step matches CPU."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2)
+    step = torch.compile(opt_tpu.step, backend="tpu")
+    x = torch.randn(2, 8)
+    start = len(compile_backend.PROGRAMS)
+    kept = None
+    for k in range(3):
+        for m, opt, xx in ((cpu, opt_cpu, x), (tpu, opt_tpu, x.to("tpu"))):
+            opt.zero_grad()
+            m(xx).square().sum().backward()
+        opt_cpu.step()
+        old_bias = tpu.bias._tpu_storage.array          # held here: must survive
+        before = old_bias.copy()
+        if k == 2:
+            kept = tpu.weight.jax()
+            kept_before = kept.copy()
+        weight_buffer = tpu.weight._tpu_storage.array.unsafe_buffer_pointer()  # not held
+        step()
+        if k == 1:   # donated (the first step also makes the state): the new weight, old buffer
+            assert tpu.weight._tpu_storage.array.unsafe_buffer_pointer() == weight_buffer
+        assert not old_bias.is_deleted()
+        assert (old_bias == before).all()
+        if k == 2:
+            assert not kept.is_deleted() and (kept == kept_before).all()
+    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
+    assert len(program.donated) == 6   # weight, bias and their two moments each
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
+
+
+def test_an_input_written_in_place_beside_its_view_is_not_lost():
+    """A compiled in-place update of an input whose storage another live tensor (a view
+    of it) shares: the view sees the new values, the old array is not reused."""
+    def f(x):
+        x.mul_(2)
+        return x + 1
+    cf = torch.compile(f, backend="tpu")
+    base = torch.arange(6.0)
+    t = base.to("tpu")
+    view = t[1:4]
+    out = cf(t)
+    torch.testing.assert_close(out.cpu(), base * 2 + 1)
+    torch.testing.assert_close(view.cpu(), (base * 2)[1:4])
+    torch.testing.assert_close(cf(t).cpu(), base * 4 + 1)
+
+
+def test_a_donated_input_the_trace_does_not_write_falls_back_before_running(monkeypatch, caplog):
+    """Donation is decided from the graph's ``copy_`` nodes; should a trace not write a
+    donated input, the call stops while tracing (before any buffer is given up) and the
+    program runs without donation."""
+    # as if the graph's copy_ nodes said it writes its input
+    monkeypatch.setattr(graph_program, "_written_inputs", lambda gm, positions, cpu: (0,))
+    start = len(compile_backend.PROGRAMS)
+    cf = torch.compile(lambda x: x + 1, backend="tpu")
+    t = torch.arange(4.0).to("tpu")
+    with caplog.at_level("WARNING", logger="tpu_kernels.graph_program"):
+        out = cf(t)
+    (program,) = compile_backend.PROGRAMS[start:]
+    assert "no inputs donated" in caplog.text and program.donated == ()
+    assert not t._tpu_storage.array.is_deleted()
+    torch.testing.assert_close(out.cpu(), torch.arange(4.0) + 1)
+    torch.testing.assert_close(cf(t).cpu(), torch.arange(4.0) + 1)
 
 
 def test_guards_still_recompile_on_a_new_dtype_shape_layout_or_requires_grad():

@@ -45,6 +45,8 @@ import logging
 import os
 from typing import Any, Callable
 
+import torch
+
 from tpu_kernels import devices, errors, lazy, random_state
 from tpu_kernels.graph_program import GraphProgram, _no_key
 
@@ -137,7 +139,6 @@ def program_for(role: str, gm: Any, example_inputs: Any, options: Any) -> GraphP
 
 
 def _writes_inputs(gm: Any) -> bool:
-    import torch
     placeholders = set(gm.graph.find_nodes(op="placeholder"))
     return any(n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders
                for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default))

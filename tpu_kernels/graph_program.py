@@ -16,9 +16,11 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import sys
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -33,7 +35,8 @@ from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap_known, source as tensor_source
+from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.tensor import TpuTensor, read, wrap_known, wrap_view, source as tensor_source
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +54,6 @@ class GraphProgram:
         self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
         self._layouts: dict[tuple, tuple] = {}  # statics -> where each output comes from
         self._outputs: dict[tuple, tuple] = {}  # statics -> (its layout, (op, checks) per flag)
-        hooked = (hook(gm, self._trace) for hook in PROGRAM_HOOKS)
-        self._jitted = next((j for j in hooked if j is not None), None) or \
-            jax.jit(self._trace, static_argnums=(0,))
         _constants_on_device(gm)
         # a result shape that depends on values (bool-mask indexing, repeat_interleave by
         # a tensor) cannot be one XLA program: such a graph runs op by op, as eager does
@@ -70,9 +70,15 @@ class GraphProgram:
                            if x.device.type == "cpu"]
         self.all_tensors = all(self.is_tensor)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        host = HostWrites(gm, {n: k for k, n in enumerate(n for n, t in zip(placeholders, self.is_tensor) if t)})
+        positions = {n: k for k, n in enumerate(n for n, t in zip(placeholders, self.is_tensor) if t)}
+        host = HostWrites(gm, positions)
         self.host = host if host.writes and not self.eager else None
         self.aot_meta = None   # AOTAutograd's metadata of the graph, set by the backend
+        hooked = next((j for j in (hook(gm, self._trace) for hook in PROGRAM_HOOKS) if j is not None), None)
+        # device inputs the graph writes (an optimizer's parameters and moments) are donated:
+        # XLA writes their new values over the old buffers, so a step holds one copy of them
+        self.donated = () if hooked is not None else _written_inputs(gm, positions, self.cpu_inputs)
+        self._jitted = hooked or self._jit()
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
@@ -96,8 +102,7 @@ class GraphProgram:
             if st.version and (host is None or k not in host.written):
                 a.copy_(to_torch(st.array).reshape(a.shape))
         if host is not None:
-            for k, v in updates:
-                tensors[k].copy_(v)
+            host.write(tensors, updates)
         self.calls += 1
         if self.cpu_outputs:
             out = [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
@@ -112,15 +117,30 @@ class GraphProgram:
                    tuple(shadow.geometry(a) for a, t in zip(args, self.is_tensor) if t))
         return self._jitted.lower(statics, key, *arrays)
 
+    def _jit(self) -> Any:
+        return jax.jit(self._trace, static_argnums=(0,), donate_argnums=tuple(2 + k for k in self.donated))
+
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [st.array if type(st.array) is not Lazy else concrete(st.array) for st, _ in sources]
+        for k in self.donated:
+            # held by its storage, this list and getrefcount's argument only: else (a
+            # ``.jax()`` kept, a storage sharing the array) the program gets a copy
+            if sys.getrefcount(tensors[k]) > 3:
+                tensors[k] = jnp.array(tensors[k], copy=True)
         statics = self._statics(args, sources)
         taken = self.n_random
         # a graph without random ops (known once traced) takes one resident key: no
         # counters to reserve, nothing to move to the device per call
         key = random_state.reserve(taken) if taken or not self.traces else _no_key()
-        storages, flags = inflight.track(self._jitted(statics, key, *tensors))
+        try:
+            out = self._jitted(statics, key, *tensors)
+        except _NotWritten:     # (raised while tracing: nothing was donated yet)
+            log.warning("a compiled graph's copy_ into an input did not write it: no inputs donated")
+            self.donated = ()
+            self._jitted = self._jit()
+            out = self._jitted(statics, key, *tensors)
+        storages, flags = inflight.track(out)
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
         layout, checks = self._outputs[statics]
@@ -148,15 +168,19 @@ class GraphProgram:
             if entry[0] == "value":
                 out.append(entry[1])
                 continue
-            kind, where, geometry = entry
+            kind, where, geometry, known = entry
             if kind == "whole":        # the only view of a new storage, all of it
                 out.append(wrap_known(arrays[where], *geometry))
                 continue
             if kind == "input":
                 storage = sources[where][0]
+                if known is not None:   # whole-storage layout: a direct view if the sizes match
+                    a = storage.array
+                    known = known[0] and a.shape == geometry[0] and a.dtype == known[1]
             else:
-                storage = new.get(where) or new.setdefault(where, Storage(arrays[where]))
-            out.append(TpuTensor(storage, *geometry))
+                storage = new.get(where) or new.setdefault(where, Storage(arrays[where], None, known[1]))
+                known = None if known[0] is None else known[0]
+            out.append(TpuTensor(storage, *geometry) if known is None else wrap_view(storage, *geometry, known))
         return out
 
     def _trace(self, statics: tuple, key: jax.Array, *arrays: jax.Array):
@@ -175,7 +199,11 @@ class GraphProgram:
             result, flags = self._run_graph(args, key)
         after = dispatch.op_counts()
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
-        storages, layout = _output_layout([t._tpu_storage for t in inputs], arrays, result)
+        # (an input the host writes is not a result: the program's copy would not be read)
+        host = self.host.written if self.host is not None else ()
+        storages, layout = _output_layout([t._tpu_storage for t in inputs], arrays, result, host)
+        if not set(self.donated) <= {k for k, _ in layout[0]}:
+            raise _NotWritten()
         self._layouts[statics] = layout
         self._outputs[statics] = (layout, [(op, checks) for _, op, checks in flags])
         log.debug("traced a graph of %d nodes: %d outputs, %d random ops, %d checks",
@@ -206,6 +234,18 @@ class _StridedRun(torch.fx.Interpreter):
         return _restride(out, val)
 
 
+class _NotWritten(Exception):
+    """A donated input the traced graph did not write (its buffer would be lost)."""
+
+
+def _written_inputs(gm: torch.fx.GraphModule, positions: dict[torch.fx.Node, int],
+                    cpu_inputs: list[int]) -> tuple[int, ...]:
+    """Positions of the device tensor inputs the graph ``copy_``s into."""
+    copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+    written = {positions[n.args[0]] for n in copies if n.args[0] in positions}
+    return tuple(sorted(written - set(cpu_inputs)))
+
+
 def _returns_alias(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     return schema is None or any(r.alias_info is not None for r in schema.returns)
@@ -226,10 +266,12 @@ def _restride(out: Any, val: Any) -> Any:
     return wrap_result(read(out), val)
 
 
-def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[list, tuple]:
+def _output_layout(inputs: list[Storage], arrays: tuple, result: Any,
+                   host_written: Any = ()) -> tuple[list, tuple]:
     """Which storages leave the jit and how the outputs are cut from them: an output that
     is a view of an input stays one (geometry over the real input's storage); outputs
-    sharing a new storage keep sharing it; inputs whose storage changed are written."""
+    sharing a new storage keep sharing it; inputs whose storage changed are written,
+    except those at ``host_written`` (positions the host updates)."""
     storages: list = []
     slots: dict[int, int] = {}
 
@@ -239,7 +281,8 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
             storages.append(st.array)
         return slots[id(st)]
 
-    written = [(k, slot(st)) for k, (st, a) in enumerate(zip(inputs, arrays)) if st.array is not a]
+    written = [(k, slot(st)) for k, (st, a) in enumerate(zip(inputs, arrays))
+               if st.array is not a and k not in host_written]
     layout = []
     shared = collections.Counter(id(o._tpu_storage) for o in result if isinstance(o, TpuTensor))
     for o in result:
@@ -248,14 +291,18 @@ def _output_layout(inputs: list[Storage], arrays: tuple, result: Any) -> tuple[l
             continue
         st, geometry = o._tpu_storage, shadow.geometry(o)
         k = next((k for k, s in enumerate(inputs) if s is st), None)
+        empty = o.numel() == 0     # (TpuTensor gives an empty tensor a torch storage)
+        nbytes = int(st.array.size) * np.dtype(st.array.dtype).itemsize
         if k is not None:
-            layout.append(("input", k, geometry))
-        elif o._tpu_direct and shared[id(st)] == 1 and o.numel() > 0 and id(st) not in slots:
+            # (the input's storage is known only at the call: whether the view is all of
+            # it is settled there, from whether it has a whole-storage layout and its dtype)
+            whole = geometry[2] == 0 and geometry[1] == strided.contiguous_strides(geometry[0])
+            layout.append(("input", k, geometry, None if empty else (whole, np.dtype(to_jax_dtype(geometry[3])))))
+        elif o._tpu_direct and shared[id(st)] == 1 and not empty and id(st) not in slots:
             # rebuilt without recomputing its layout: (size, strides, dtype, bytes)
-            nbytes = int(st.array.size) * np.dtype(st.array.dtype).itemsize
-            layout.append(("whole", slot(st), (geometry[0], geometry[1], geometry[3], nbytes)))
+            layout.append(("whole", slot(st), (geometry[0], geometry[1], geometry[3], nbytes), None))
         else:
-            layout.append(("new", slot(st), geometry))
+            layout.append(("new", slot(st), geometry, (None if empty else o._tpu_direct, nbytes)))
     return storages, (written, layout)
 
 
@@ -296,12 +343,13 @@ def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
 def _host(t: torch.Tensor) -> tuple[Storage, tuple]:
     """A CPU tensor as a storage over a host array (jit moves it with the call) and its
     contiguous geometry; no tpu tensor is made (an optimizer has one step counter a parameter)."""
-    if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
-        array = to_jax(t)
-    else:
-        array = t.detach().numpy()
     shape = tuple(t.shape)
-    return Storage(array), (shape, strided.contiguous_strides(shape), 0, t.dtype)
+    if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
+        st = Storage(to_jax(t))
+    else:   # a host array: nothing to look up (device 0, as ``index_of_array`` says)
+        array = t.detach().numpy()
+        st = Storage(array, 0, array.nbytes)
+    return st, (shape, strided.contiguous_strides(shape), 0, t.dtype)
 
 
 @functools.cache

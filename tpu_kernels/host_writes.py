@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from torch.fx.node import map_arg
 
 
 class HostWrites:
@@ -35,14 +34,30 @@ class HostWrites:
         needed = _ancestors([v for _, v in self.writes])
         self.nodes = [n for n in self.nodes if n in needed]
         self.written = {k for k, _ in self.writes}
+        self.inputs = [k for n, k in tensor_positions.items() if n in needed]   # what _fn takes
+        self._fn = _generated(self.inputs, tensor_positions, self.nodes, [v for _, v in self.writes])
 
-    def compute(self, tensors: Sequence[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
-        """The new value of each written input, from the inputs' current values."""
-        env: dict[torch.fx.Node, Any] = {n: tensors[k] for n, k in self.positions.items()}
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The new value of each written input (in ``writes``' order), from the inputs'
+        current values."""
         with torch.no_grad():
-            for n in self.nodes:
-                env[n] = n.target(*map_arg(n.args, env.__getitem__), **map_arg(n.kwargs, env.__getitem__))
-        return [(k, env[v]) for k, v in self.writes]
+            return self._fn(*[tensors[k] for k in self.inputs])
+
+    def write(self, tensors: Sequence[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Write ``compute``'s values into their inputs."""
+        torch._foreach_copy_([tensors[k] for k, _ in self.writes], values)
+
+
+def _generated(inputs: list[int], positions: dict[torch.fx.Node, int], nodes: list[torch.fx.Node],
+               results: list[torch.fx.Node]) -> Any:
+    """``nodes`` as a Python function of the inputs at ``inputs``, returning ``results``."""
+    g = torch.fx.Graph()
+    by_position = {k: n for n, k in positions.items()}
+    env: dict[torch.fx.Node, torch.fx.Node] = {by_position[k]: g.placeholder(f"in{k}") for k in inputs}
+    for n in nodes:
+        env[n] = g.node_copy(n, env.__getitem__)
+    g.output([env[v] for v in results])
+    return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
 
 def _on_cpu(n: Any) -> bool:

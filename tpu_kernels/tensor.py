@@ -315,6 +315,19 @@ def wrap_known(array: jax.Array, size: tuple, stride: tuple, dtype: torch.dtype,
 _new_wrapper = torch.Tensor._make_wrapper_subclass
 
 
+def wrap_view(storage: Storage, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
+              direct: bool) -> TpuTensor:
+    """``TpuTensor(storage, ...)`` for the hot paths, with everything known: ``size`` (not
+    empty), ``stride``, ``offset``, ``dtype`` and whether the view is its whole storage
+    (``direct``)."""
+    r = _new_wrapper(TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype,
+                     device=DEVICES[storage.index])
+    r._tpu_storage = storage
+    if not direct:      # (the class default is True)
+        r._tpu_direct = False
+    return r
+
+
 def wrap_fast(array: jax.Array, size: tuple, dtype: torch.dtype, nbytes: int, index: int,
               token: int) -> TpuTensor:
     """``wrap_known`` for a FAST hit: its result's geometry token is known too."""

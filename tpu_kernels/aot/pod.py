@@ -273,7 +273,7 @@ def _outputs(program: GraphProgram, statics: tuple, key, arrays) -> list[Any]:
         if entry[0] == "value":
             out.append(entry[1])
         else:
-            kind, where, geometry = entry
+            kind, where, geometry = entry[:3]
             if kind == "whole":      # all of a new storage: (size, strides, dtype, bytes)
                 geometry = (geometry[0], geometry[1], 0, geometry[2])
             out.append((arrays[where] if kind == "input" else storages[where], geometry))

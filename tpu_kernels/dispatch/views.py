@@ -12,7 +12,7 @@ from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.dispatch.devices import device_error
 from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.fast_tokens import fast_token
-from tpu_kernels.tensor import DEVICES, TpuTensor, _new_wrapper, value, wrap
+from tpu_kernels.tensor import TpuTensor, value, wrap, wrap_view
 
 aten = torch.ops.aten
 
@@ -89,10 +89,7 @@ def _fast_key(op: Any, base: TpuTensor, args: tuple) -> tuple | None:
 def _new_view(storage: Any, size: tuple, stride: tuple, offset: int, dtype: torch.dtype,
               direct: bool, token: int) -> TpuTensor:
     """``TpuTensor(storage, ...)`` with everything known (a FAST_VIEWS hit)."""
-    r = _new_wrapper(TpuTensor, size, strides=stride, storage_offset=offset, dtype=dtype,
-                     device=DEVICES[storage.index])
-    r._tpu_storage = storage
-    r._tpu_direct = direct
+    r = wrap_view(storage, size, stride, offset, dtype, direct)
     r._tpu_fk = token
     return r
 

@@ -31,6 +31,7 @@ from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (f
 from tpu_kernels import accelerator as _accelerator  # noqa: E402
 from tpu_kernels import autocast as _autocast  # noqa: E402
 from tpu_kernels import host_memory as _host_memory  # noqa: E402
+from tpu_kernels import optim_defaults as _optim_defaults  # noqa: E402
 from tpu_kernels import serialization as _serialization  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
@@ -40,6 +41,7 @@ _autocast.install()        # torch.autocast("tpu"): CUDA's op lists, bfloat16 by
 _serialization.install()   # torch.save / torch.load of tpu tensors, map_location="tpu"
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
 _accelerator.install()     # torch.accelerator.* for the tpu device
+_optim_defaults.install()  # optimizers and clip_grad_norm_ take their foreach paths, as on CUDA
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)

@@ -10,6 +10,7 @@ an input, so the host's write never races its read.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import torch
@@ -61,14 +62,18 @@ def _generated(inputs: list[int], positions: dict[torch.fx.Node, int], nodes: li
 
 
 def _on_cpu(n: Any) -> bool:
+    """A CPU tensor, or a list of them (a foreach op's result)."""
     val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.device.type == "cpu"
+    vals = val if isinstance(val, (list, tuple)) and val else [val]
+    return all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals)
 
 
 def _host_op(n: torch.fx.Node, on_host: set) -> bool:
-    """An ATen op on host values giving a CPU tensor, not a random one."""
+    """An ATen op on host values giving CPU tensors, not a random one, or an item of a
+    foreach op's results (an optimizer's ``_foreach_add_(steps, 1)``)."""
     target = n.target
-    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in target.tags:
+    if target is not operator.getitem and (not isinstance(target, torch._ops.OpOverload)
+                                           or torch.Tag.nondeterministic_seeded in target.tags):
         return False
     inputs = n.all_input_nodes
     return _on_cpu(n) and bool(inputs) and all(i in on_host for i in inputs)

@@ -1,0 +1,91 @@
+"""torch's optimizers take their foreach path for tpu parameters by default, as for CUDA
+ones (``optim_defaults.py``), and match CPU; ``foreach=False`` still takes the loop;
+``clip_grad_norm_`` takes ``_foreach_norm``."""
+from __future__ import annotations
+
+import collections
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tpu_kernels  # noqa: F401
+
+OPTIMIZERS = {
+    "SGD": lambda p, **kw: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, **kw),
+    "Adam": lambda p, **kw: torch.optim.Adam(p, lr=0.01, **kw),
+    "AdamW": lambda p, **kw: torch.optim.AdamW(p, lr=0.01, **kw),
+    "Adamax": lambda p, **kw: torch.optim.Adamax(p, lr=0.01, **kw),
+    "Adadelta": lambda p, **kw: torch.optim.Adadelta(p, **kw),
+    "Adagrad": lambda p, **kw: torch.optim.Adagrad(p, lr=0.01, **kw),
+    "ASGD": lambda p, **kw: torch.optim.ASGD(p, lr=0.01, **kw),
+    "NAdam": lambda p, **kw: torch.optim.NAdam(p, lr=0.01, **kw),
+    "RAdam": lambda p, **kw: torch.optim.RAdam(p, lr=0.01, **kw),
+    "RMSprop": lambda p, **kw: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, **kw),
+    "Rprop": lambda p, **kw: torch.optim.Rprop(p, lr=0.01, **kw),
+}
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the ATen ops that run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _train(opt_name: str, device: str, steps: int = 3, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
+    opt = OPTIMIZERS[opt_name](model.parameters(), **kw)
+    x = torch.randn(4, 6).to(device)
+    ops = _Ops()
+    for k in range(steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        if k == steps - 1:
+            with ops:
+                opt.step()
+        else:
+            opt.step()
+    return model, ops.seen
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_an_optimizer_takes_the_foreach_path_on_tpu_and_matches_cpu(name):
+    cpu, _ = _train(name, "cpu")
+    tpu, seen = _train(name, "tpu")
+    foreach_ops = sum(n for op, n in seen.items() if op.startswith("_foreach_"))
+    assert foreach_ops > 0, f"{name} took the per-parameter loop: {dict(seen)}"
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
+
+
+def test_foreach_false_still_takes_the_loop():
+    cpu, _ = _train("AdamW", "cpu")
+    tpu, seen = _train("AdamW", "tpu", foreach=False)
+    assert not any(op.startswith("_foreach_") for op in seen)
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
+
+
+def test_clip_grad_norm_takes_foreach_norm_and_matches_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(6, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(3, 6)
+    for m, xx in ((cpu, x), (tpu, x.to("tpu"))):
+        (m(xx) * 10).square().sum().backward()
+    want = torch.nn.utils.clip_grad_norm_(cpu.parameters(), 0.5)
+    ops = _Ops()
+    with ops:
+        got = torch.nn.utils.clip_grad_norm_(tpu.parameters(), 0.5)
+    assert ops.seen["_foreach_norm"] == 1
+    torch.testing.assert_close(got.cpu(), want)
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.grad.cpu(), a.grad)

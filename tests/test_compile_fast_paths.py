@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-import tpu_kernels  # noqa: F401
+import tpu_kernels
 from tpu_kernels import compile_backend, graph_program
 
 
@@ -178,6 +178,22 @@ def test_a_donated_input_the_trace_does_not_write_falls_back_before_running(monk
     assert not t._tpu_storage.array.is_deleted()
     torch.testing.assert_close(out.cpu(), torch.arange(4.0) + 1)
     torch.testing.assert_close(cf(t).cpu(), torch.arange(4.0) + 1)
+
+
+def test_an_input_written_in_deferred_mode_is_copied_not_donated():
+    """Inside ``deferred()`` an input's storage holds a placeholder whose value others may
+    read: a compiled in-place call gets a copy of it, and every tensor stays readable."""
+    f = torch.compile(lambda t: t.add_(1), backend="tpu")
+    w = torch.full((4,), 1.0).to("tpu")
+    f(w)                                   # 2
+    with tpu_kernels.deferred():
+        w.mul_(2)                          # 4, recorded: w's storage holds a placeholder
+        before = w.clone()
+        f(w)                               # 5
+        after = w * 1
+    torch.testing.assert_close(before.cpu(), torch.full((4,), 4.0))
+    torch.testing.assert_close(w.cpu(), torch.full((4,), 5.0))
+    torch.testing.assert_close(after.cpu(), torch.full((4,), 5.0))
 
 
 def test_guards_still_recompile_on_a_new_dtype_shape_layout_or_requires_grad():

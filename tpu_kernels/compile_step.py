@@ -71,6 +71,7 @@ class StepProgram(GraphProgram):
         self.starts_step = starts_step
         self._recorders: dict[tuple, Callable] = {}   # statics -> the recorded function
         self._new_fusions = 0     # recordings in a row whose program was compiled anew
+        self._plain: Callable | None = None   # the jitted function recordings call: donates nothing
 
     def _trace(self, statics: tuple, key: Any, *arrays: Any) -> Any:
         with lazy.paused():
@@ -117,7 +118,9 @@ class StepProgram(GraphProgram):
         host = self.host.written if self.host is not None else set()
         if any(k in written and k not in host for k in self.cpu_inputs):
             return _RUN_NOW
-        return _bound(self._jitted, statics), layout
+        if self._plain is None:   # a recording's inputs are not checked as a call's are
+            self._plain = self._jit(donate=False) if self.donated else self._jitted
+        return _bound(self._plain, statics), layout
 
 
 _RUN_NOW = object()

@@ -117,16 +117,18 @@ class GraphProgram:
                    tuple(shadow.geometry(a) for a, t in zip(args, self.is_tensor) if t))
         return self._jitted.lower(statics, key, *arrays)
 
-    def _jit(self) -> Any:
-        return jax.jit(self._trace, static_argnums=(0,), donate_argnums=tuple(2 + k for k in self.donated))
+    def _jit(self, donate: bool = True) -> Any:
+        donated = tuple(2 + k for k in self.donated) if donate else ()
+        return jax.jit(self._trace, static_argnums=(0,), donate_argnums=donated)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [st.array if type(st.array) is not Lazy else concrete(st.array) for st, _ in sources]
         for k in self.donated:
             # held by its storage, this list and getrefcount's argument only: else (a
-            # ``.jax()`` kept, a storage sharing the array) the program gets a copy
-            if sys.getrefcount(tensors[k]) > 3:
+            # ``.jax()`` kept, a storage sharing the array, a deferred placeholder's value)
+            # the program gets a copy
+            if sys.getrefcount(tensors[k]) > 3 or type(sources[k][0].array) is Lazy:
                 tensors[k] = jnp.array(tensors[k], copy=True)
         statics = self._statics(args, sources)
         taken = self.n_random

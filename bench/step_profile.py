@@ -113,19 +113,20 @@ def _with_copies(args: tuple, positions: tuple) -> tuple:
     return tuple(jax.tree.map(fresh, a) if i in positions else a for i, a in enumerate(args))
 
 
-def exe_times(reps: int = 30) -> dict[str, float]:
-    """Median seconds of each program's jitted function alone, called again on its first
-    arguments and waited for (its executable's run plus JAX's dispatch)."""
+def exe_times(reps: int = 10) -> dict[str, float]:
+    """Seconds per call of each program's jitted function alone: ``reps`` calls back to
+    back on its first arguments (new copies of the donated ones, made beforehand), waited
+    for once, as calls follow each other in a step. (Each call waited for on its own
+    would time XLA:CPU's worker waking up and a wait per output as well.)"""
     out = {}
     for name, (fn, args, donated) in _last.items():
         jax.block_until_ready(fn(*_with_copies(args, donated)))
-        times = []
-        for _ in range(reps):
-            call_args = _with_copies(args, donated)
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*call_args))
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times)
+        calls = [_with_copies(args, donated) for _ in range(reps)]
+        t0 = time.perf_counter()
+        for call_args in calls:
+            result = fn(*call_args)
+        jax.block_until_ready(result)
+        out[name] = (time.perf_counter() - t0) / reps
     return out
 
 

@@ -1,6 +1,6 @@
 """torch's optimizers take their foreach path for tpu parameters by default, as for CUDA
 ones (``optim_defaults.py``), and match CPU; ``foreach=False`` still takes the loop;
-``clip_grad_norm_`` takes ``_foreach_norm``."""
+``clip_grad_norm_`` and ``clip_grad_value_`` take their foreach ops."""
 from __future__ import annotations
 
 import collections
@@ -87,5 +87,21 @@ def test_clip_grad_norm_takes_foreach_norm_and_matches_cpu():
         got = torch.nn.utils.clip_grad_norm_(tpu.parameters(), 0.5)
     assert ops.seen["_foreach_norm"] == 1
     torch.testing.assert_close(got.cpu(), want)
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.grad.cpu(), a.grad)
+
+
+def test_clip_grad_value_takes_foreach_clamps_and_matches_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(6, 4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(3, 6)
+    for m, xx in ((cpu, x), (tpu, x.to("tpu"))):
+        (m(xx) * 10).square().sum().backward()
+    torch.nn.utils.clip_grad_value_(cpu.parameters(), 0.5)
+    ops = _Ops()
+    with ops:
+        torch.nn.utils.clip_grad_value_(tpu.parameters(), 0.5)
+    assert ops.seen["_foreach_clamp_min_"] == 1 and ops.seen["_foreach_clamp_max_"] == 1
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.grad.cpu(), a.grad)

@@ -64,10 +64,8 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
 
         def jit_call(*a):
             # (donated arrays are given up by the call: the profile keeps copies)
-            # the first call's arguments only: holding a later step's arrays would make the
-            # program copy what it donates (statics and key come first; a donated array
-            # keeps its shape and dtype: exe_times passes new ones)
-            _last.setdefault(_name(self), (jitted, a, tuple(2 + k for k in self.donated)))
+            if _keeping[0]:   # (an untimed step) copies: the call gives up what it donates
+                _last[_name(self)] = (jitted, _copies(a), tuple(2 + k for k in self.donated))
             with clock.span(f"  jit call {_name(self)}"):
                 return jitted(*a)
         self._jitted = jit_call
@@ -102,26 +100,30 @@ def _name(program: Any) -> str:
 
 
 _ids: dict[int, int] = {}
-_last: dict[str, tuple] = {}     # program -> (its jitted function, its first arguments, donated positions)
+_last: dict[str, tuple] = {}     # program -> (its jitted function, arguments of a call, donated positions)
+_keeping = [False]               # whether program calls keep their arguments in _last
+
+
+def _copies(args: tuple) -> tuple:
+    return tuple(jnp.array(a, copy=True) if hasattr(a, "shape") else a for a in args)
 
 
 def _with_copies(args: tuple, positions: tuple) -> tuple:
-    """``args`` with new arrays at ``positions`` (arguments a call donates): copies, or
-    zeros where the array was given up already."""
-    def fresh(x):
-        return jnp.zeros(x.shape, x.dtype) if x.is_deleted() else jnp.array(x, copy=True)
-    return tuple(jax.tree.map(fresh, a) if i in positions else a for i, a in enumerate(args))
+    """``args`` with copies at ``positions`` (the arguments a call donates)."""
+    return tuple(jax.tree.map(lambda x: jnp.array(x, copy=True), a) if i in positions else a
+                 for i, a in enumerate(args))
 
 
-def exe_times(reps: int = 10) -> dict[str, float]:
+def exe_times(reps: int = 30) -> dict[str, float]:
     """Seconds per call of each program's jitted function alone: ``reps`` calls back to
-    back on its first arguments (new copies of the donated ones, made beforehand), waited
+    back on the arguments of an untimed step's call (new copies of the donated ones, made beforehand), waited
     for once, as calls follow each other in a step. (Each call waited for on its own
     would time XLA:CPU's worker waking up and a wait per output as well.)"""
     out = {}
     for name, (fn, args, donated) in _last.items():
         jax.block_until_ready(fn(*_with_copies(args, donated)))
         calls = [_with_copies(args, donated) for _ in range(reps)]
+        jax.block_until_ready(calls)     # (the copies are made before the clock starts)
         t0 = time.perf_counter()
         for call_args in calls:
             result = fn(*call_args)
@@ -183,6 +185,11 @@ def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
             for k, v in clock.wall.items():
                 spans[k].append(v)
                 thread_cpu[k].append(clock.cpu[k])
+        _keeping[0] = True      # one more step, untimed, keeps each program's arguments
+        try:
+            sync(step())
+        finally:
+            _keeping[0] = False
     counts: collections.Counter = collections.Counter()
     with _counted(counts):
         sync(step())

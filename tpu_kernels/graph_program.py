@@ -181,7 +181,7 @@ class GraphProgram:
                     known = known[0] and a.shape == geometry[0] and a.dtype == known[1]
             else:
                 storage = new.get(where) or new.setdefault(where, Storage(arrays[where], None, known[1]))
-                known = None if known[0] is None else known[0]
+                known = known[0]     # (None for an empty view: TpuTensor gives it a torch storage)
             out.append(TpuTensor(storage, *geometry) if known is None else wrap_view(storage, *geometry, known))
         return out
 

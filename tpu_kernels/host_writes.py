@@ -23,7 +23,6 @@ class HostWrites:
         on_host: set[torch.fx.Node] = {n for n in tensor_positions if _on_cpu(n)}
         self.nodes: list[torch.fx.Node] = []        # host ops, in graph order
         self.writes: list[tuple[int, torch.fx.Node]] = []   # (tensor position, new value)
-        self.positions = tensor_positions
         for n in gm.graph.nodes:
             if n.op != "call_function" or not _host_op(n, on_host):
                 continue

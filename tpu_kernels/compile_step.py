@@ -78,12 +78,12 @@ class StepProgram(GraphProgram):
             return super()._trace(statics, key, *arrays)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
-        if not self.defers:
+        if not self.defers or not ON:
             return super()._run_jitted(args, sources)
         statics = self._statics(args, sources)
-        known = self._recorders.get(statics) if ON else None
+        known = self._recorders.get(statics)
         if known is None:
-            if not ON or statics not in self._outputs or self.eager:
+            if statics not in self._outputs or self.eager:
                 return super()._run_jitted(args, sources)     # traces (or runs) now
             known = self._recorders[statics] = self._recorder(statics)
         if known is _RUN_NOW:

@@ -7,10 +7,9 @@ untied LM head, mean next-token cross entropy) and the same AdamW update as
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
-
-import functools
 
 import jax
 import jax.numpy as jnp

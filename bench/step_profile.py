@@ -63,7 +63,6 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
         jitted = self._jitted
 
         def jit_call(*a):
-            # (donated arrays are given up by the call: the profile keeps copies)
             if _keeping[0]:   # (an untimed step) copies: the call gives up what it donates
                 _last[_name(self)] = (jitted, _copies(a), tuple(2 + k for k in self.donated))
             with clock.span(f"  jit call {_name(self)}"):
@@ -116,9 +115,9 @@ def _with_copies(args: tuple, positions: tuple) -> tuple:
 
 def exe_times(reps: int = 30) -> dict[str, float]:
     """Seconds per call of each program's jitted function alone: ``reps`` calls back to
-    back on the arguments of an untimed step's call (new copies of the donated ones, made beforehand), waited
-    for once, as calls follow each other in a step. (Each call waited for on its own
-    would time XLA:CPU's worker waking up and a wait per output as well.)"""
+    back on the arguments of an untimed step's call (new copies of the donated ones, made
+    beforehand), waited for once, as calls follow each other in a step. (Each call waited
+    for on its own would time XLA:CPU's worker waking up and a wait per output as well.)"""
     out = {}
     for name, (fn, args, donated) in _last.items():
         jax.block_until_ready(fn(*_with_copies(args, donated)))

@@ -86,20 +86,30 @@ def test_a_tensor_whose_geometry_changes_is_read_with_the_new_one():
     torch.testing.assert_close(second.cpu(), torch.arange(6.0).reshape(2, 3).t() * 2)
 
 
-def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
+def _adamw_pair():
+    """A CPU Linear and its tpu copy, an AdamW for each, the tpu one's step compiled, and
+    an input."""
     torch.manual_seed(0)
     cpu = torch.nn.Linear(8, 4)
     tpu = copy.deepcopy(cpu).to("tpu")
     opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
     opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2)
-    step = torch.compile(opt_tpu.step, backend="tpu")
-    x = torch.randn(2, 8)
+    return cpu, tpu, opt_cpu, opt_tpu, torch.compile(opt_tpu.step, backend="tpu"), torch.randn(2, 8)
+
+
+def _grads_then_cpu_step(cpu, tpu, opt_cpu, opt_tpu, x) -> None:
+    """Fresh gradients on both models, then the CPU optimizer's step."""
+    for m, opt, xx in ((cpu, opt_cpu, x), (tpu, opt_tpu, x.to("tpu"))):
+        opt.zero_grad()
+        m(xx).square().sum().backward()
+    opt_cpu.step()
+
+
+def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
+    cpu, tpu, opt_cpu, opt_tpu, step, x = _adamw_pair()
     start = len(compile_backend.PROGRAMS)
     for _ in range(3):
-        for m, opt, xx in ((cpu, opt_cpu, x), (tpu, opt_tpu, x.to("tpu"))):
-            opt.zero_grad()
-            m(xx).square().sum().backward()
-        opt_cpu.step()
+        _grads_then_cpu_step(cpu, tpu, opt_cpu, opt_tpu, x)
         step()
     (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
     assert len(program.host.written) == 2      # weight's and bias's step counters
@@ -113,20 +123,11 @@ def test_a_compiled_optimizer_step_donates_the_state_it_writes():
     """The parameters and moments a compiled AdamW step writes are donated (XLA writes the
     new values over the old buffers: one copy of the state); an array someone still holds
     (a ``.jax()`` kept) is copied instead, keeps its values, and the step matches CPU."""
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(8, 4)
-    tpu = copy.deepcopy(cpu).to("tpu")
-    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
-    opt_tpu = torch.optim.AdamW(tpu.parameters(), lr=1e-2)
-    step = torch.compile(opt_tpu.step, backend="tpu")
-    x = torch.randn(2, 8)
+    cpu, tpu, opt_cpu, opt_tpu, step, x = _adamw_pair()
     start = len(compile_backend.PROGRAMS)
     kept = None
     for k in range(3):
-        for m, opt, xx in ((cpu, opt_cpu, x), (tpu, opt_tpu, x.to("tpu"))):
-            opt.zero_grad()
-            m(xx).square().sum().backward()
-        opt_cpu.step()
+        _grads_then_cpu_step(cpu, tpu, opt_cpu, opt_tpu, x)
         old_bias = tpu.bias._tpu_storage.array          # held here: must survive
         before = old_bias.copy()
         if k == 2:

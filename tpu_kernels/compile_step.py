@@ -45,10 +45,8 @@ import logging
 import os
 from typing import Any, Callable
 
-import torch
-
 from tpu_kernels import devices, errors, lazy, random_state
-from tpu_kernels.graph_program import GraphProgram, _no_key
+from tpu_kernels.graph_program import GraphProgram, _no_key, copied_inputs
 
 log = logging.getLogger("tpu_kernels.compile_step")
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "0") not in ("", "0")   # opt-in: see above
@@ -137,11 +135,6 @@ def _bound(jitted: Callable, statics: tuple) -> Callable:
 def program_for(role: str, gm: Any, example_inputs: Any, options: Any) -> GraphProgram:
     """The program for one of AOTAutograd's graphs: it defers for a training graph's
     forward and backward and for an inference graph that writes its inputs."""
-    defers = role != "inference" or _writes_inputs(gm)
+    defers = role != "inference" or bool(copied_inputs(gm))
     return StepProgram(gm, example_inputs, options, defers=defers, starts_step=role == "forward")
 
-
-def _writes_inputs(gm: Any) -> bool:
-    placeholders = set(gm.graph.find_nodes(op="placeholder"))
-    return any(n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders
-               for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default))

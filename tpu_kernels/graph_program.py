@@ -240,11 +240,17 @@ class _NotWritten(Exception):
     """A donated input the traced graph did not write (its buffer would be lost)."""
 
 
+def copied_inputs(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The graph's inputs (placeholders) it ``copy_``s into: the inputs it writes."""
+    placeholders = set(gm.graph.find_nodes(op="placeholder"))
+    copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+    return {n.args[0] for n in copies if n.args[0] in placeholders}
+
+
 def _written_inputs(gm: torch.fx.GraphModule, positions: dict[torch.fx.Node, int],
                     cpu_inputs: list[int]) -> tuple[int, ...]:
     """Positions of the device tensor inputs the graph ``copy_``s into."""
-    copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
-    written = {positions[n.args[0]] for n in copies if n.args[0] in positions}
+    written = {positions[n] for n in copied_inputs(gm) if n in positions}
     return tuple(sorted(written - set(cpu_inputs)))
 
 

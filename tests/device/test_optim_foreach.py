@@ -74,13 +74,19 @@ def test_foreach_false_still_takes_the_loop():
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
 
 
-def test_clip_grad_norm_takes_foreach_norm_and_matches_cpu():
+def _with_large_grads():
+    """A CPU Linear and its tpu copy, each with the same gradients, large enough to clip."""
     torch.manual_seed(0)
     cpu = torch.nn.Linear(6, 4)
     tpu = copy.deepcopy(cpu).to("tpu")
     x = torch.randn(3, 6)
     for m, xx in ((cpu, x), (tpu, x.to("tpu"))):
         (m(xx) * 10).square().sum().backward()
+    return cpu, tpu
+
+
+def test_clip_grad_norm_takes_foreach_norm_and_matches_cpu():
+    cpu, tpu = _with_large_grads()
     want = torch.nn.utils.clip_grad_norm_(cpu.parameters(), 0.5)
     ops = _Ops()
     with ops:
@@ -92,12 +98,7 @@ def test_clip_grad_norm_takes_foreach_norm_and_matches_cpu():
 
 
 def test_clip_grad_value_takes_foreach_clamps_and_matches_cpu():
-    torch.manual_seed(0)
-    cpu = torch.nn.Linear(6, 4)
-    tpu = copy.deepcopy(cpu).to("tpu")
-    x = torch.randn(3, 6)
-    for m, xx in ((cpu, x), (tpu, x.to("tpu"))):
-        (m(xx) * 10).square().sum().backward()
+    cpu, tpu = _with_large_grads()
     torch.nn.utils.clip_grad_value_(cpu.parameters(), 0.5)
     ops = _Ops()
     with ops:

@@ -2,6 +2,9 @@
 program per loop step, are tested with the other modes in test_compile_backend.py)."""
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import pytest
 import torch
 
@@ -40,3 +43,38 @@ def test_size_limit_flushes(monkeypatch):
             x = x + 1
     assert deferred_mode.stats()["flushes"] - before >= 2
     assert x.cpu().tolist() == [21.0, 21.0, 21.0]
+
+
+def test_backward_runs_the_recorded_forward_first():
+    """A backward is a stage boundary: the forward's program runs (on XLA's threads) while
+    the backward and the optimizer step are recorded; each stage's program is cached."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(4, 8)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (cpu, model)]
+    seen = []
+
+    def step(m, opt, data, defer):
+        with tpu_kernels.deferred() if defer else contextlib.nullcontext():
+            opt.zero_grad()
+            loss = m(data).square().mean()
+            if defer:
+                seen.append(isinstance(loss._tpu_storage.array, lazy.Lazy))
+                before = deferred_mode.stats()["flushes"]
+            loss.backward()
+            if defer:   # the backward ran the forward: the loss has its value, nothing was lost
+                assert deferred_mode.stats()["flushes"] == before + 1
+                assert loss._tpu_storage.array.value is not None
+            opt.step()
+        return loss
+
+    losses = [(step(cpu, opts[0], x, False).item(), step(model, opts[1], x.to("tpu"), True).item())
+              for _ in range(3)]
+    compiles = deferred_mode.stats()["compiles"]
+    losses.append((step(cpu, opts[0], x, False).item(), step(model, opts[1], x.to("tpu"), True).item()))
+    assert deferred_mode.stats()["compiles"] == compiles     # steps after the first two reuse theirs
+    assert all(seen)
+    torch.testing.assert_close(torch.tensor([t for _, t in losses]), torch.tensor([c for c, _ in losses]))
+    for p, q in zip(cpu.parameters(), model.parameters()):
+        torch.testing.assert_close(q.cpu(), p, atol=1e-6, rtol=1e-5)

@@ -113,6 +113,11 @@ def _keep_ties_when_moving_modules() -> None:
     torch.nn.Module.tpu.__doc__ = tpu.__doc__
 
 
+# called, without arguments, as each backward starts (``lazy.stage_boundary``: deferred
+# mode runs the recorded forward while the backward is recorded)
+BACKWARD_STARTS: list[Callable[[], None]] = []
+
+
 def _backward_on_the_calling_thread() -> None:
     """``loss.backward()`` runs on the calling thread.
 
@@ -131,6 +136,8 @@ def _backward_on_the_calling_thread() -> None:
 
     @functools.wraps(run_backward)
     def wrapper(*args, **kwargs):
+        for hook in BACKWARD_STARTS:
+            hook()
         if not torch._C._is_multithreading_enabled():
             return run_backward(*args, **kwargs)
         with torch.autograd.set_multithreading_enabled(False):

@@ -83,14 +83,12 @@ class Program:
         self.lazies: list[weakref.ref] = []
         self.watchers: list[Callable[[bool], None]] = []   # told at the flush: compiled anew?
 
-    def refs(self, args: tuple) -> tuple[tuple, tuple]:
-        """The references of ``args`` (new inputs added) and their aval keys, in one pass."""
-        refs, keys = [], []
+    def refs(self, args: tuple) -> tuple:
+        """The references of ``args``, new inputs added."""
+        refs = []
         ids, inputs, avals = self._input_ids, self.inputs, self.input_avals
         for v in args:
             if type(v) is Lazy:
-                key = (v.aval.shape, v.aval.dtype)
-                keys.append(key)
                 if v.value is None:
                     if v.program is self:
                         refs.append(v.slot)
@@ -98,17 +96,14 @@ class Program:
                     v = concrete(v)
                 else:
                     v = v.value
-            else:
-                key = _aval_key(v)
-                keys.append(key)
             array = isinstance(v, (jax.Array, np.ndarray))
             i = ids.get(id(v)) if array else None
             if i is None:
                 i = ids[id(v)] = len(inputs)
                 inputs.append(v)
-                avals.append(key)
+                avals.append(_aval_key(v))
             refs.append(i)
-        return tuple(refs), tuple(keys)
+        return tuple(refs)
 
 
 _AVALS: dict[Any, tuple] = {}    # (fn, arg avals) -> (output avals, treedef)
@@ -219,6 +214,16 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None,
     """Record ``fn(*args)`` (``fn`` jittable); returns its result as Lazy placeholders.
     ``spec``: its ``out_spec``, when the caller knows it; ``watcher(compiled)`` is called
     when the recording runs, with whether its program had to be compiled."""
+    if spec is None:
+        spec = out_spec(fn, args)
+    return jax.tree.unflatten(spec[1], record_leaves(fn, args, spec[0], watcher))
+
+
+def record_leaves(fn: Callable, args: Any, leaves: list,
+                  watcher: Callable[[bool], None] | None = None) -> list[Lazy]:
+    """``record`` for a caller that knows ``fn``'s output leaves (``out_spec(fn, args)[0]``):
+    the placeholders of the leaves, in order (the dispatcher's hot path builds its result
+    from them, without the tree)."""
     with _lock:
         index = _device_of(args) if devices.several else 0
         prog = _STATE.program
@@ -227,10 +232,9 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None,
             prog = None
         if prog is None:
             prog = _STATE.program = Program(index)
-        refs, keys = prog.refs(args)
+        refs = prog.refs(args)
         if watcher is not None and watcher not in prog.watchers:   # told once a flush
             prog.watchers.append(watcher)
-        leaves, treedef = out_spec(fn, args, keys) if spec is None else spec
         node = len(prog.nodes)
         prog.nodes.append((fn, refs))
         outs = []
@@ -240,10 +244,9 @@ def record(fn: Callable, *args: Any, spec: tuple | None = None,
             lazies.append(weakref.ref(lazy))
             outs.append(lazy)
         full = node + 1 >= (UNTIL_FLUSH_MAX_NODES if _STATE.until_flush and _STATE.depth == 1 else MAX_NODES)
-    result = jax.tree.unflatten(treedef, outs)
     if full:
         flush()
-    return result
+    return outs
 
 
 def apply(fn: Callable, *args: Any) -> Any:
@@ -261,6 +264,15 @@ def concrete(v: Any) -> Any:
     if v.value is None:
         flush()
     return v.value
+
+
+def stage_boundary() -> None:
+    """A training step's next stage begins (a backward): deferred mode runs what it has
+    recorded now, so XLA runs the forward while Python records the backward. The stages'
+    programs are cached as one program is, and a recording started by
+    ``record_until_flush`` alone is left to its own flush."""
+    if _STATE.program is not None and _STATE.depth > _STATE.until_flush and not _STATE.paused:
+        flush()
 
 
 def flush() -> None:

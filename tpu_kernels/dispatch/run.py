@@ -81,7 +81,11 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
             dyn = _values(args, pos) if folded is None else _leaf_values(args, pos, folded)
-            if single is None or _TRACE.trace is not None or _LAZY.depth or inflight._on:
+            if single is None or _TRACE.trace is not None or inflight._on:
+                return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
+            if _LAZY.depth:
+                if not _LAZY.paused:   # deferred mode: recorded, its one result wrapped as it is
+                    return _record_one(op, compiled, dyn, single)
                 return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
             # plain eager, one result: ``execute`` and ``finish`` inlined (each frame counts here)
             try:
@@ -96,6 +100,17 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 _TRACE = graph_trace._local   # ``.trace``: graph_trace.active() without its call
 _LAZY = lazy._STATE           # ``.depth``: lazy.recording() without its call
+
+
+def _record_one(op: OpOverload, compiled: CompiledCall, dyn: list, single: tuple) -> TpuTensor:
+    """``execute`` and ``finish`` for a FAST hit with one result while deferred mode records."""
+    spec = compiled.lazy_spec
+    if spec is None:
+        spec = compiled.lazy_spec = lazy.out_spec(compiled.fn, dyn)
+    leaves = lazy.record_leaves(compiled.fn, dyn, spec[0])
+    if len(leaves) > 1:      # (its result, then its check flags)
+        errors.watch(leaves[1], str(op), compiled.fn.checks)
+    return wrap_fast(leaves[0], *single)
 
 
 def _values(args: tuple, pos: tuple) -> list:

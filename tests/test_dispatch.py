@@ -1,6 +1,7 @@
 """Dispatch machinery: caching, forcing kinds, unsupported ops, CPU fallback, views."""
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -237,6 +238,40 @@ def test_foreach_and_list_ops_run_through_the_fast_index(monkeypatch):
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and torch.equal(g.cpu(), w), name
     assert not [op for op in slow if "foreach" in op or "cat" in op or "stack" in op], slow
+
+
+def test_static_scalars_bool_lists_and_plain_keywords_run_through_the_fast_index(monkeypatch):
+    """An impl that reads a scalar's value (SDPA's ``dropout_p``), a bool list (layer
+    norm's backward output mask) and keyword arguments that are None or numbers (SDPA's
+    backward: ``attn_mask=None``) are keyed in the FAST index by value: the training
+    step's second round skips the signature path for them, and values still match CPU
+    (a keyword number that is a leaf, ``scale=0.3``, keeps the signature path)."""
+    import importlib
+    run = importlib.import_module("tpu_kernels.dispatch.run")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 4)
+    ln = torch.nn.LayerNorm(4)
+    tln = copy.deepcopy(ln).to("tpu")
+
+    def step(x, ln, scale):
+        q = x.clone().requires_grad_()
+        y = torch.nn.functional.scaled_dot_product_attention(ln(q), q, q, is_causal=True, scale=scale)
+        y.square().sum().backward()
+        return y, q.grad, ln.weight.grad
+
+    slow = []
+    call_slow = run.run_call
+    for rnd in range(2):
+        if rnd:
+            monkeypatch.setattr(run, "run_call", lambda op, a, k: slow.append(str(op)) or call_slow(op, a, k))
+        for scale in (None, 0.3):
+            ln.zero_grad(), tln.zero_grad()
+            for g, w in zip(step(x.to("tpu"), tln, scale), step(x, ln, scale)):
+                torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    assert "aten.native_layer_norm_backward.default" not in slow, slow
+    for op in ("aten._scaled_dot_product_flash_attention_for_cpu.default",
+               "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"):
+        assert slow.count(op) == 1, slow   # scale=0.3's
 
 
 def test_a_view_from_the_fast_index_is_the_view_first_made():

@@ -72,8 +72,8 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         s = _state(op)
     if s.handler is not None:
         return s.handler(op, args, kwargs)
-    if not kwargs:
-        hit = cache.FAST.get(fast_key(s, args))
+    if not kwargs or _plain_kwargs(kwargs):
+        hit = cache.FAST.get(fast_key(s, args) if not kwargs else _with_kwargs(fast_key(s, args), kwargs))
         if hit is not None and hit[3] is cache.CALLS:   # seen before: straight to the executable
             compiled, pos, ckey, calls, single, folded = hit
             compiled.calls += 1
@@ -81,8 +81,8 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             if not compiled.calls & 63:   # keep it recently used in CALLS (approximately)
                 calls.touch(ckey)
             dyn = _values(args, pos) if folded is None else _leaf_values(args, pos, folded)
-            if single is None or _TRACE.trace is not None or inflight._on:
-                return finish(compiled, args, {}, execute(op, compiled, dyn, args, {}))
+            if single is None or _TRACE.trace is not None or inflight._on or kwargs:
+                return finish(compiled, args, kwargs, execute(op, compiled, dyn, args, kwargs))
             if _LAZY.depth:
                 if not _LAZY.paused:   # deferred mode: recorded, its one result wrapped as it is
                     return _record_one(op, compiled, dyn, single)
@@ -100,6 +100,24 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 _TRACE = graph_trace._local   # ``.trace``: graph_trace.active() without its call
 _LAZY = lazy._STATE           # ``.depth``: lazy.recording() without its call
+
+
+def _plain_kwargs(kwargs: dict) -> bool:
+    """True when every keyword argument is None or a number (SDPA's backward takes
+    ``attn_mask=None, scale=...``): the FAST key can hold them by value."""
+    for v in kwargs.values():
+        t = type(v)
+        if v is not None and t is not float and t is not int and t is not bool:
+            return False
+    return True
+
+
+def _with_kwargs(key: tuple | None, kwargs: dict) -> tuple | None:
+    """``fast_key`` of the positional arguments extended by plain keyword arguments' names,
+    types and values (their order too: torch passes a schema's keywords in order)."""
+    if key is None:
+        return None
+    return key + tuple((k, type(v), v) for k, v in kwargs.items())
 
 
 def _record_one(op: OpOverload, compiled: CompiledCall, dyn: list, single: tuple) -> TpuTensor:
@@ -162,8 +180,8 @@ def fast_key(s: _OpState, args: tuple) -> tuple | None:
             key.append(None)
         elif t is list or t is tuple:
             if code == _STATIC:
-                for x in a:
-                    if type(x) is not int:
+                for x in a:   # (an int list, or a bool list: a backward's output mask)
+                    if type(x) is not int and type(x) is not bool:
                         return None
                 key += (tuple, tuple(a))
             elif code == _TENSORS:
@@ -198,22 +216,29 @@ def _key_tensors(key: list, a: list) -> bool:
     return True
 
 
-def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, reads: list) -> None:
+def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, kwargs: dict, ckey: tuple,
+              reads: list) -> None:
     """Index ``compiled`` in FAST under this call's fast key, when the hot path can run it:
-    a jitted impl that reads no scalar's value and draws no random key. The leaves are
-    the arguments at ``pos`` in order (a list's elements at (position, index)); ``folded``
-    says which are views whose program reads them from their storage's array (None when
-    none is and no leaf is a list's)."""
+    a jitted impl that draws no random key and whose keyword arguments are plain
+    (``_plain_kwargs``), none of them a leaf. The leaves are the arguments at ``pos`` in
+    order (a list's elements at (position, index)); ``folded`` says which are views whose
+    program reads them from their storage's array (None when none is and no leaf is a
+    list's). An impl that reads some scalars' values (``static``) has them keyed by value."""
     impl = compiled.impl
-    if impl.static or impl.random or impl.data_dependent:
+    if impl.random or impl.data_dependent:
         return
     s = _state(op)
-    key = fast_key(s, args)
+    for k, v in kwargs.items():    # a keyword argument that is a leaf: left to the slow path
+        kind = s.plan.kw_kinds.get(k, STATIC)
+        if v is not None and (kind == TENSOR or kind == SCALAR and k not in impl.static):
+            return
+    static = _static_positions(s, impl.static)
+    key = fast_key(s, args) if not kwargs else _with_kwargs(fast_key(s, args), kwargs)
     if key is None:
         return
     pos: list = []
     for i, (a, k) in enumerate(zip(args, s.kinds)):
-        if a is not None and k in (TENSOR, SCALAR):
+        if a is not None and (k == TENSOR or k == SCALAR and i not in static):
             pos.append(i)
         elif a is not None and k in (TENSOR_LIST, SCALAR_LIST):
             pos += [(i, j) for j in range(len(a))]
@@ -222,6 +247,18 @@ def _remember(op: OpOverload, compiled: CompiledCall, args: tuple, ckey: tuple, 
     lists = any(type(p) is tuple for p in pos)
     folded = tuple(r is not None for r in reads) if lists or any(r is not None for r in reads) else None
     cache.FAST[key] = (compiled, tuple(pos), ckey, cache.CALLS, _result_geometry(compiled, args), folded)
+
+
+def _static_positions(s: _OpState, static: tuple[str, ...]) -> tuple[int, ...]:
+    """The positions of the scalars an impl reads by value (``Impl.static``); from now on
+    the op's fast keys hold their values (``_STATIC``), not their types."""
+    if not static:
+        return ()
+    names = s.plan.names
+    found = tuple(i for i, k in enumerate(s.kinds) if k == SCALAR and names[i] in static)
+    if any(s.codes[i] != _STATIC for i in found):
+        s.codes = tuple(_STATIC if i in found else c for i, c in enumerate(s.codes))
+    return found
 
 
 def _result_geometry(compiled: CompiledCall, args: tuple) -> tuple | None:
@@ -274,8 +311,8 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     compiled.calls += 1
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
-    if not kwargs:
-        _remember(op, compiled, args, ckey, sp.reads)
+    if not kwargs or _plain_kwargs(kwargs):
+        _remember(op, compiled, args, kwargs, ckey, sp.reads)
     return finish(compiled, args, kwargs, execute(op, compiled, leaves(compiled, sp, kwargs), args, kwargs))
 
 

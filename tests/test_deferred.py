@@ -78,3 +78,39 @@ def test_backward_runs_the_recorded_forward_first():
     torch.testing.assert_close(torch.tensor([t for _, t in losses]), torch.tensor([c for c, _ in losses]))
     for p, q in zip(cpu.parameters(), model.parameters()):
         torch.testing.assert_close(q.cpu(), p, atol=1e-6, rtol=1e-5)
+
+
+def test_python_numbers_keep_their_weak_types_in_a_recording():
+    """A recording takes Python numbers as one host array per type: each still acts as
+    a Python number (a float scales a float16 tensor in float16, an int an int32 tensor in
+    int32, a bool stays a bool) and its value is exact."""
+    cases = {
+        "float16 * float": (lambda x: x * 0.1, torch.arange(4, dtype=torch.float16)),
+        "int32 * int": (lambda x: x * (2 ** 20 + 1), torch.arange(4, dtype=torch.int32)),
+        "float64 + float": (lambda x: x + 1e-300, torch.zeros(2, dtype=torch.float64)),
+        "int64 + big int": (lambda x: x + (2 ** 62 + 3), torch.arange(2)),
+        "bool ^ bool": (lambda x: x ^ True, torch.tensor([True, False])),
+        "mixed": (lambda x: (x * 3 + 0.5) / 2, torch.arange(4, dtype=torch.bfloat16)),
+    }
+    for name, (f, x) in cases.items():
+        want = f(x)
+        with tpu_kernels.deferred():
+            got = f(x.to("tpu"))
+        assert got.dtype == want.dtype, name
+        assert torch.equal(got.cpu(), want), name
+
+
+def test_packed_numbers_are_traced_as_python_numbers():
+    """Inside a flushed program a packed float is weakly typed, as JAX traces a Python
+    float: float32 times it stays float32 (a float64 number would make it float64)."""
+    import jax
+    import jax.numpy as jnp
+
+    avals = [((4,), jnp.float32), float, int, bool]
+    program = lazy._replay([(lambda a, f, i, b: (a * f + i, jnp.logical_and(a > 0, b)), (0, 1, 2, 3))],
+                           ((0, 0), (0, 1)), avals)
+    args = lazy._packed([jnp.ones(4, jnp.float32), 0.25, 3, True], avals)
+    assert len(args) == 4 and [a.dtype for a in args[1:]] == [jnp.float64, jnp.int64, jnp.bool_]
+    scaled, both = jax.jit(program)(*args)
+    assert scaled.dtype == jnp.float32 and scaled.tolist() == [3.25] * 4
+    assert both.dtype == jnp.bool_ and both.tolist() == [True] * 4

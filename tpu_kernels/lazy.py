@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
+from jax._src.lax import lax as jax_lax   # _convert_element_type: the one way to a weak type
 
 from tpu_kernels import devices, inflight, memory
 from tpu_kernels.lru import LRU
@@ -291,9 +292,9 @@ def flush() -> None:
     for watcher in prog.watchers:
         watcher(run is None)
     if run is None:
-        run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted)))
+        run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted, prog.input_avals)))
         _STATE.compiles += 1
-    values = inflight.track(_run_on(prog.index, run, prog.inputs))
+    values = inflight.track(_run_on(prog.index, run, _packed(prog.inputs, prog.input_avals)))
     for lz, val in zip(live, values):
         lz.value = val
     _STATE.flushes += 1
@@ -309,8 +310,45 @@ def _run_on(index: int, run: Callable, inputs: list) -> list:
         return jax.device_put(run(*inputs), dev)
 
 
-def _replay(nodes: list, wanted: tuple) -> Callable:
-    def program(*inputs):
+# Python numbers a recording takes (an optimizer's per-parameter step sizes) go into the
+# program as one host array per type, not one argument each: a jit call pays a few µs per
+# argument (the small GPT's AdamW step has 63 of them)
+_PACKED = {float: np.float64, int: np.int64, bool: np.bool_}
+
+
+def _packed(inputs: list, avals: list) -> list:
+    """The program's arguments: the inputs that are not Python numbers, in order, then one
+    array per type in ``_PACKED`` that has numbers among the inputs."""
+    direct, packs = [], {}
+    for v, a in zip(inputs, avals):
+        if a in _PACKED:
+            packs.setdefault(a, []).append(v)
+        else:
+            direct.append(v)
+    return direct + [np.array(packs[t], _PACKED[t]) for t in _PACKED if t in packs] if packs else direct
+
+
+def _number(v: jax.Array, kind: type) -> jax.Array:
+    """A packed number as the program's functions were traced with it: a float or an
+    int weakly typed, as JAX traces a Python number (so ``x * 0.5`` keeps ``x``'s dtype)."""
+    return v if kind is bool else jax_lax._convert_element_type(v, v.dtype, weak_type=True)
+
+
+def _replay(nodes: list, wanted: tuple, avals: list) -> Callable:
+    kinds = [a if a in _PACKED else None for a in avals]
+    n_direct = kinds.count(None)
+    types = [t for t in _PACKED if t in kinds]
+
+    def program(*args):
+        direct, packs = iter(args[:n_direct]), dict(zip(types, args[n_direct:]))
+        taken = dict.fromkeys(types, 0)
+        inputs = []
+        for k in kinds:
+            if k is None:
+                inputs.append(next(direct))
+            else:
+                inputs.append(_number(packs[k][taken[k]], k))
+                taken[k] += 1
         env: dict[tuple, Any] = {}
         for i, (fn, refs) in enumerate(nodes):
             args = [inputs[r] if type(r) is int else env[r] for r in refs]

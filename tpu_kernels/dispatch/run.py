@@ -151,7 +151,17 @@ def _values(args: tuple, pos: tuple) -> list:
 def _leaf_values(args: tuple, pos: tuple, folded: tuple) -> list:
     """The leaves at ``pos`` (an argument's position, or (position, index) of a list's
     element), each read as ``folded`` says (a view read by the program: its storage's array)."""
-    return [leaf_value(args[p] if type(p) is int else args[p[0]][p[1]], f or None) for p, f in zip(pos, folded)]
+    out = []
+    for p, f in zip(pos, folded):
+        a = args[p] if type(p) is int else args[p[0]][p[1]]
+        if not f and type(a) is TpuTensor and a._tpu_direct:   # ``_values``' common case
+            a = a._tpu_storage.array
+            if type(a) is Lazy and not _LAZY.depth:
+                a = lazy.concrete(a)
+            out.append(a)
+        else:
+            out.append(leaf_value(a, f or None))
+    return out
 
 
 def fast_key(s: _OpState, args: tuple) -> tuple | None:

@@ -39,8 +39,9 @@ def test_eager_deferred_and_compiled_training_match_cpu(make, batch):
         recorded = deferred_mode.stats()["compiles"]
         got = torch.tensor(train(copy.deepcopy(init).to("tpu"), tdata, 10, **({mode: True} if mode != "eager" else {})))
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4, msg=lambda m: f"{mode}: {m}")
-        if mode == "deferred":   # step 1 creates the optimizer state; later steps reuse one program
-            assert deferred_mode.stats()["compiles"] - recorded <= 3
+        if mode == "deferred":   # one program per stage (forward, backward, optimizer step),
+            # the optimizer's first step (which creates its state) one of its own; later steps reuse them
+            assert deferred_mode.stats()["compiles"] - recorded <= 4
     progs = programs_since(start)
     # one forward and one backward program, each traced once and run on all 10 steps
     assert len(progs) == 2, [len(p.gm.graph.nodes) for p in progs]

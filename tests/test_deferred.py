@@ -45,9 +45,10 @@ def test_size_limit_flushes(monkeypatch):
     assert x.cpu().tolist() == [21.0, 21.0, 21.0]
 
 
-def test_backward_runs_the_recorded_forward_first():
-    """A backward is a stage boundary: the forward's program runs (on XLA's threads) while
-    the backward and the optimizer step are recorded; each stage's program is cached."""
+def test_backward_and_optimizer_step_run_what_was_recorded_first():
+    """A backward and an optimizer step are stage boundaries: the forward's program runs
+    (on XLA's threads) while the backward is recorded, the backward's while the optimizer
+    step is; each stage's program is cached."""
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     model = copy.deepcopy(cpu).to("tpu")
@@ -66,7 +67,11 @@ def test_backward_runs_the_recorded_forward_first():
             if defer:   # the backward ran the forward: the loss has its value, nothing was lost
                 assert deferred_mode.stats()["flushes"] == before + 1
                 assert loss._tpu_storage.array.value is not None
+                grad = m[0].weight.grad
             opt.step()
+            if defer:   # the step ran the backward: the gradients have their values
+                assert deferred_mode.stats()["flushes"] == before + 2
+                assert grad._tpu_storage.array.value is not None
         return loss
 
     losses = [(step(cpu, opts[0], x, False).item(), step(model, opts[1], x.to("tpu"), True).item())
@@ -114,3 +119,26 @@ def test_packed_numbers_are_traced_as_python_numbers():
     scaled, both = jax.jit(program)(*args)
     assert scaled.dtype == jnp.float32 and scaled.tolist() == [3.25] * 4
     assert both.dtype == jnp.bool_ and both.tolist() == [True] * 4
+
+
+def test_a_compiled_optimizer_step_leaves_the_stage_hook_out_of_its_graph():
+    """The optimizer-step boundary is a global optimizer hook, so ``torch.compile(opt.step)``
+    traces it: it stays out of the graph (no break, no guard on deferred mode's state), and
+    a compiled step inside ``deferred()`` reuses its graph."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4, device="tpu")
+    model(x).sum().backward()
+    explained = torch._dynamo.explain(opt.step)()
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, backend="tpu")
+    counts = []
+    for defer in (False, True, False, True):
+        with tpu_kernels.deferred() if defer else contextlib.nullcontext():
+            opt.zero_grad()
+            model(x).sum().backward()
+            step()
+        counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert counts[1:] == counts[:1] * 3, counts

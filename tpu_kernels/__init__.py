@@ -43,7 +43,7 @@ _serialization.install()   # torch.save / torch.load of tpu tensors, map_locatio
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
 _accelerator.install()     # torch.accelerator.* for the tpu device
 _optim_defaults.install()  # optimizers and clip_grad_norm_ take their foreach paths, as on CUDA
-_deferred_mode.install()   # a backward runs deferred mode's recorded forward (stage boundary)
+_deferred_mode.install()   # a backward and an optimizer step run deferred mode's recording so far
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)

@@ -114,7 +114,7 @@ def _keep_ties_when_moving_modules() -> None:
 
 
 # called, without arguments, as each backward starts (``lazy.stage_boundary``: deferred
-# mode runs the recorded forward while the backward is recorded)
+# mode runs the recorded forward while the backward is recorded; ``deferred_mode.install``)
 BACKWARD_STARTS: list[Callable[[], None]] = []
 
 

@@ -268,9 +268,9 @@ def concrete(v: Any) -> Any:
 
 
 def stage_boundary() -> None:
-    """A training step's next stage begins (a backward): deferred mode runs what it has
-    recorded now, so XLA runs the forward while Python records the backward. The stages'
-    programs are cached as one program is, and a recording started by
+    """A training step's next stage begins (a backward, an optimizer step): deferred mode
+    runs what it has recorded now, so XLA runs one stage while Python records the next.
+    The stages' programs are cached as one program is, and a recording started by
     ``record_until_flush`` alone is left to its own flush."""
     if _STATE.program is not None and _STATE.depth > _STATE.until_flush and not _STATE.paused:
         flush()

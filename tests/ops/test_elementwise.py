@@ -166,7 +166,7 @@ def test_arith_promotion():
 def test_scalar_args_do_not_retrace():
     from tpu_kernels import dispatch
     x = rand(4).to("tpu")
-    dispatch.TRACES.clear()
+    dispatch.clear_cache()   # a fresh signature: whatever ran before in this process traced its own
     for s in (1.5, 2.5, 3.5):
         torch.add(x, x, alpha=s).cpu()
         torch.addcdiv(x, x, x, value=s).cpu()
@@ -179,7 +179,7 @@ def test_scalar_args_do_not_retrace():
 def test_python_scalar_operand_does_not_retrace():
     from tpu_kernels import dispatch
     x = rand(4).to("tpu")
-    dispatch.TRACES.clear()
+    dispatch.clear_cache()   # a fresh signature: whatever ran before in this process traced its own
     for s in (1.5, 2.5, 3.5):
         (x + s).cpu()
     assert dispatch.TRACES[torch.ops.aten.add.Tensor] == 1
@@ -243,7 +243,7 @@ def test_pow_int_exact():
 def test_pow_retrace_free():
     from tpu_kernels import dispatch
     x = rand(4).to("tpu")
-    dispatch.TRACES.clear()
+    dispatch.clear_cache()   # a fresh signature: whatever ran before in this process traced its own
     for e in (2, 3, 4):
         (x ** e).cpu()
     assert dispatch.TRACES[torch.ops.aten.pow.Tensor_Scalar] == 1

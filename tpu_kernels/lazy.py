@@ -335,20 +335,20 @@ def _number(v: jax.Array, kind: type) -> jax.Array:
 
 
 def _replay(nodes: list, wanted: tuple, avals: list) -> Callable:
-    kinds = [a if a in _PACKED else None for a in avals]
-    n_direct = kinds.count(None)
-    types = [t for t in _PACKED if t in kinds]
+    # per input, where ``_packed`` put it: (None, its place among the direct arguments)
+    # or (its type, its place in that type's array)
+    counts: dict[Any, int] = {}
+    layout = []
+    for a in avals:
+        k = a if a in _PACKED else None
+        layout.append((k, counts.get(k, 0)))
+        counts[k] = counts.get(k, 0) + 1
+    n_direct = counts.get(None, 0)
+    types = [t for t in _PACKED if t in counts]
 
-    def program(*args):
-        direct, packs = iter(args[:n_direct]), dict(zip(types, args[n_direct:]))
-        taken = dict.fromkeys(types, 0)
-        inputs = []
-        for k in kinds:
-            if k is None:
-                inputs.append(next(direct))
-            else:
-                inputs.append(_number(packs[k][taken[k]], k))
-                taken[k] += 1
+    def program(*flat):
+        packs = dict(zip(types, flat[n_direct:]))
+        inputs = [flat[j] if k is None else _number(packs[k][j], k) for k, j in layout]
         env: dict[tuple, Any] = {}
         for i, (fn, refs) in enumerate(nodes):
             args = [inputs[r] if type(r) is int else env[r] for r in refs]

@@ -72,7 +72,7 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
             return run(self, args, sources)
         finally:
             self._jitted = jitted
-    run_on, flush = lazy._run_on, lazy.flush
+    run_on, flush = lazy.run_on, lazy.flush
 
     def timed_flush():
         with clock.span("lazy flush (the run included)"):
@@ -84,13 +84,13 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
             return run_on(index, fn, inputs)
     graph_program.GraphProgram.__call__ = timed_call
     graph_program.GraphProgram._run_jitted = timed_run
-    lazy._run_on, lazy.flush = timed_run_on, timed_flush
+    lazy.run_on, lazy.flush = timed_run_on, timed_flush
     try:
         yield
     finally:
         graph_program.GraphProgram.__call__ = call
         graph_program.GraphProgram._run_jitted = run
-        lazy._run_on, lazy.flush = run_on, flush
+        lazy.run_on, lazy.flush = run_on, flush
 
 
 def _name(program: Any) -> str:

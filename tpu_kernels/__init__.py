@@ -35,6 +35,7 @@ from tpu_kernels import optim_defaults as _optim_defaults  # noqa: E402
 from tpu_kernels import serialization as _serialization  # noqa: E402
 from tpu_kernels import deferred_mode as _deferred_mode  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
+from tpu_kernels import graphs as _graphs  # noqa: E402
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
@@ -44,6 +45,7 @@ _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
 _accelerator.install()     # torch.accelerator.* for the tpu device
 _optim_defaults.install()  # optimizers and clip_grad_norm_ take their foreach paths, as on CUDA
 _deferred_mode.install()   # a backward and an optimizer step run deferred mode's recording so far
+_graphs.install()          # torch.tpu.graph / TPUGraph: capture a step, replay it as one executable
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)

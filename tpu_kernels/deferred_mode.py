@@ -27,7 +27,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tpu_kernels import device
-from tpu_kernels.lazy import flush, stage_boundary, start_recording, stats, stop_recording
+from tpu_kernels.lazy import capturing, flush, stage_boundary, start_recording, stats, stop_recording
 
 __all__ = ["deferred", "flush", "stats", "install"]
 
@@ -60,4 +60,5 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         stop_recording()
-        flush()
+        if not capturing():    # inside a graph capture the capture's end takes the recording
+            flush()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -70,6 +70,21 @@ def set_sync_checks(on: bool = True) -> Any:
 
 MAX_WATCHED = 256   # past this many unread flags, the oldest are read (they are done by then)
 _watched: list[tuple[Any, str, list]] = []
+_held = False   # a graph is being captured: its flags have no values to read yet
+
+
+def hold_reads(on: bool) -> None:
+    """While on, unread flags pile up unread (a graph capture's are placeholders)."""
+    global _held
+    _held = on
+
+
+def take_watched(owned: Callable[[Any], bool]) -> list[tuple[Any, str, list]]:
+    """Remove and return the watched (flags, op, checks) whose flags ``owned`` claims."""
+    with _lock:
+        mine = [w for w in _watched if owned(w[0])]
+        _watched[:] = [w for w in _watched if not owned(w[0])]
+    return mine
 
 
 def watch(flags: Any, op: str, checks: list) -> None:
@@ -77,9 +92,9 @@ def watch(flags: Any, op: str, checks: list) -> None:
     with _lock:
         _watched.append((flags, op, checks))
         overflow = len(_watched) > MAX_WATCHED
-    if SYNC_CHECKS.on:
+    if SYNC_CHECKS.on and not _held:
         raise_pending()
-    elif overflow:
+    elif overflow and not _held:
         _check_watched(keep=MAX_WATCHED // 2)
 
 

@@ -129,6 +129,7 @@ class _State:
         self.compiles = 0
         self.until_flush = False   # recording started by ``record_until_flush``
         self.paused = 0            # ``paused()`` blocks entered (a compiled graph being traced)
+        self.capturing = False     # a graph capture's recording (``begin_capture``) is open
 
 
 _STATE = _State()
@@ -147,6 +148,32 @@ def paused() -> Iterator[None]:
         yield
     finally:
         _STATE.paused -= 1
+
+
+class CaptureError(RuntimeError):
+    """A value was needed while a graph was being captured (``graphs.py``)."""
+
+
+def capturing() -> bool:
+    return _STATE.capturing
+
+
+def begin_capture() -> None:
+    """Record everything from now on into one program that never runs by itself: no
+    length limit, no stage boundaries, and a flush (a value read) raises ``CaptureError``."""
+    flush()
+    with _lock:
+        _STATE.capturing = True
+        _STATE.depth += 1
+
+
+def end_capture() -> Program | None:
+    """End the capture; its recording (None if nothing was recorded), taken out unrun."""
+    with _lock:
+        prog, _STATE.program = _STATE.program, None
+        _STATE.capturing = False
+        _STATE.depth -= 1
+    return prog
 
 
 def start_recording() -> None:
@@ -245,7 +272,7 @@ def record_leaves(fn: Callable, args: Any, leaves: list,
             lazies.append(weakref.ref(lazy))
             outs.append(lazy)
         full = node + 1 >= (UNTIL_FLUSH_MAX_NODES if _STATE.until_flush and _STATE.depth == 1 else MAX_NODES)
-    if full:
+    if full and not _STATE.capturing:
         flush()
     return outs
 
@@ -272,12 +299,19 @@ def stage_boundary() -> None:
     runs what it has recorded now, so XLA runs one stage while Python records the next.
     The stages' programs are cached as one program is, and a recording started by
     ``record_until_flush`` alone is left to its own flush."""
-    if _STATE.program is not None and _STATE.depth > _STATE.until_flush and not _STATE.paused:
+    if (_STATE.program is not None and _STATE.depth > _STATE.until_flush and not _STATE.paused
+            and not _STATE.capturing):
         flush()
 
 
 def flush() -> None:
     """Run the current recording as one jitted program and fill its live placeholders."""
+    if _STATE.capturing and _STATE.program is not None:
+        raise CaptureError(
+            "a tpu value was needed while a graph was being captured (.item(), .cpu(), printing, "
+            "an op whose result shape depends on data, or a CPU fallback): a captured graph "
+            "does not run until replay(); move the read out of the capture (torch.cuda raises "
+            "'operation not permitted when stream is capturing' here)")
     with _lock:
         prog, _STATE.program = _STATE.program, None
         if _STATE.until_flush:
@@ -294,13 +328,13 @@ def flush() -> None:
     if run is None:
         run = _PROGRAMS.put(key, jax.jit(_replay(prog.nodes, wanted, prog.input_avals)))
         _STATE.compiles += 1
-    values = inflight.track(_run_on(prog.index, run, _packed(prog.inputs, prog.input_avals)))
+    values = inflight.track(run_on(prog.index, run, _packed(prog.inputs, prog.input_avals)))
     for lz, val in zip(live, values):
         lz.value = val
     _STATE.flushes += 1
 
 
-def _run_on(index: int, run: Callable, inputs: list) -> list:
+def run_on(index: int, run: Callable, inputs: list) -> list:
     """``run(*inputs)`` on tpu ``index``: its uncommitted inputs (host scalars' copies)
     and an input-free program go there too, and its results stay there."""
     if index == 0:
@@ -348,14 +382,18 @@ def _replay(nodes: list, wanted: tuple, avals: list) -> Callable:
 
     def program(*flat):
         packs = dict(zip(types, flat[n_direct:]))
-        inputs = [flat[j] if k is None else _number(packs[k][j], k) for k, j in layout]
-        env: dict[tuple, Any] = {}
-        for i, (fn, refs) in enumerate(nodes):
-            args = [inputs[r] if type(r) is int else env[r] for r in refs]
-            for j, leaf in enumerate(jax.tree.leaves(fn(*args))):
-                env[(i, j)] = leaf
-        return [env[s] for s in wanted]
+        return run_nodes(nodes, [flat[j] if k is None else _number(packs[k][j], k) for k, j in layout], wanted)
     return program
+
+
+def run_nodes(nodes: list, inputs: list, wanted: tuple) -> list:
+    """A recording's functions on ``inputs`` (inside a jit trace); the ``wanted`` results."""
+    env: dict[tuple, Any] = {}
+    for i, (fn, refs) in enumerate(nodes):
+        args = [inputs[r] if type(r) is int else env[r] for r in refs]
+        for j, leaf in enumerate(jax.tree.leaves(fn(*args))):
+            env[(i, j)] = leaf
+    return [env[s] for s in wanted]
 
 
 def stats() -> dict[str, int]:

@@ -17,6 +17,10 @@ import torch
 _lock = threading.Lock()
 _seed = 0
 _counter = 0
+# while a graph is captured (``graphs.py``): the key arrays handed out, with their counters'
+# offsets from the capture's start, so each replay draws fresh counters at those offsets
+_captured: list[tuple[np.ndarray, int]] | None = None
+_capture_start = 0
 
 
 def manual_seed(seed: int) -> None:
@@ -44,14 +48,47 @@ def reserve(n: int, generator: "TpuGenerator | None" = None) -> np.ndarray:
     """Take ``n`` counters at once: (seed low, seed high, counter) as uint32, the key data
     of the first (the dynamic input of one random op); the others follow it. From
     ``generator`` when the op was given a tpu generator, else the device's."""
-    global _counter
     if generator is not None:   # a key drawn from the op's generator (its counters follow)
+        if _captured is not None:
+            raise RuntimeError("a random op given a generator= was captured in a tpu graph: a "
+                               "captured graph draws from the device's generator only (drop the "
+                               "generator argument inside the capture)")
         bits = int(torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64, generator=generator)) & (2**64 - 1)
         return _key_data(bits, 1)
+    seed, c = take(n)
+    key = _key_data(seed, c)
+    if _captured is not None:
+        _captured.append((key, c - _capture_start))
+    return key
+
+
+def take(n: int) -> tuple[int, int]:
+    """Take ``n`` counters of the device's generator: (its seed, the first counter)."""
+    global _counter
     with _lock:  # seed and counter read together: a concurrent manual_seed never mixes them
         c, seed = _counter + 1, _seed
         _counter += n
-    return _key_data(seed, c)
+    return seed, c
+
+
+def key_data(seed: int, counters: np.ndarray) -> np.ndarray:
+    """Key data (one row per counter) as ``reserve`` hands it out."""
+    rows = np.empty((len(counters), 3), np.uint32)
+    rows[:, 0], rows[:, 1], rows[:, 2] = seed & 0xFFFF_FFFF, seed >> 32, counters & 0xFFFF_FFFF
+    return rows
+
+
+def begin_capture() -> None:
+    """Note the keys ``reserve`` hands out until ``end_capture``."""
+    global _captured, _capture_start
+    _captured, _capture_start = [], _counter + 1
+
+
+def end_capture() -> tuple[list[tuple[np.ndarray, int]], int]:
+    """The captured keys (array, counter offset) and how many counters the capture took."""
+    global _captured
+    keys, _captured = _captured or [], None
+    return keys, _counter + 1 - _capture_start
 
 
 def _key_data(seed: int, c: int) -> np.ndarray:

@@ -1,0 +1,185 @@
+"""torch.tpu.graph / TPUGraph: a captured step replays as one executable, with
+torch.cuda.graph's contract (memory read at replay, nothing run at capture)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tpu_kernels  # noqa: F401  (registers the tpu device)
+from tpu_kernels import lazy
+from tpu_kernels.graphs import TPUGraph
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _step(model, opt, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_a_captured_training_step_replays_as_cpu_steps():
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-2, capturable=True)
+    batches = [(torch.randn(5, 8), torch.randn(5, 4)) for _ in range(5)]
+    x, y = batches[0]
+    _step(cpu, opt_c, x, y)                           # warm-up: the optimizer's state exists
+    _step(tpu, opt_t, x.to("tpu"), y.to("tpu"))
+    opt_t.zero_grad(set_to_none=True)
+    sx, sy = torch.zeros(5, 8, device="tpu"), torch.zeros(5, 4, device="tpu")
+    before = [p.cpu() for p in tpu.parameters()]
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        loss = _step(tpu, opt_t, sx, sy)
+    # nothing ran: parameters as before, the block's outputs zero until the first replay
+    assert all(torch.equal(b, p.cpu()) for b, p in zip(before, tpu.parameters()))
+    assert loss.item() == 0.0
+    for x, y in batches[1:]:
+        sx.copy_(x.to("tpu"))
+        sy.copy_(y.to("tpu"))
+        g.replay()
+        opt_c.zero_grad(set_to_none=True)
+        ref = _step(cpu, opt_c, x, y)
+        torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_replay_reads_memory_written_outside_and_writes_in_place():
+    a = torch.arange(4.0, device="tpu")
+    acc = torch.zeros(4, device="tpu")
+    view = acc[1:3]
+    g = TPUGraph()
+    g.capture_begin()
+    acc.add_(a * 2)
+    g.capture_end()
+    assert acc.tolist() == [0, 0, 0, 0]
+    g.replay()
+    g.replay()
+    assert acc.tolist() == [0, 4, 8, 12]
+    assert view.tolist() == [4, 8]                   # views see the storage's new value
+    a.fill_(1.0)
+    g.replay()
+    assert acc.tolist() == [2, 6, 10, 14]
+
+
+def test_random_ops_draw_fresh_values_each_replay():
+    torch.manual_seed(0)
+    out = torch.zeros(64, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        out.copy_(torch.nn.functional.dropout(torch.ones(64, device="tpu"), 0.5))
+    g.replay()
+    first = out.cpu()
+    g.replay()
+    second = out.cpu()
+    assert set(first.unique().tolist()) <= {0.0, 2.0} and set(second.unique().tolist()) <= {0.0, 2.0}
+    assert not torch.equal(first, second)
+    torch.manual_seed(1)
+    eager = torch.nn.functional.dropout(torch.ones(64, device="tpu"), 0.5).cpu()
+    torch.manual_seed(1)
+    g.replay()
+    assert torch.equal(out.cpu(), eager)             # the draws an eager step would make
+
+
+def test_a_value_read_during_capture_raises_and_leaves_eager_working():
+    x = torch.ones(3, device="tpu")
+    g = TPUGraph()
+    with pytest.raises(lazy.CaptureError, match="captured"):
+        with torch.tpu.graph(g):
+            (x * 2).sum().item()
+    assert not lazy.capturing()
+    assert (x * 3).tolist() == [3, 3, 3]
+    g.replay()                                       # a failed capture replays nothing
+    assert x.tolist() == [1, 1, 1]
+
+
+def test_an_optimizer_counting_on_the_host_is_refused():
+    model = _mlp().to("tpu")
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, 8, device="tpu")
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        with torch.tpu.graph(TPUGraph()):
+            model(x).sum().backward()
+            opt.step()
+    assert not lazy.capturing()
+
+
+def test_failed_index_checks_raise_after_replay():
+    x = torch.arange(4.0, device="tpu")
+    idx = torch.tensor([1], device="tpu")
+    out = torch.zeros(1, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        out.copy_(x.index_select(0, idx))
+    g.replay()
+    assert out.tolist() == [1.0]
+    idx.fill_(9)
+    g.replay()
+    with pytest.raises(IndexError, match="index_select"):
+        torch.tpu.synchronize()
+
+
+def test_tensors_sharing_memory_at_capture_must_still_share_it():
+    base = torch.ones(2, 2, device="tpu")
+    copy_ = torch.empty(2, 2, device="tpu")
+    copy_._tpu_storage.array = base._tpu_storage.array     # two storages, one array
+    out = torch.zeros(2, 2, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        out.copy_(copy_ + 1)
+    g.replay()
+    assert out.tolist() == [[2, 2], [2, 2]]
+    base.fill_(5.0)              # the graph cannot tell which of the two it read
+    with pytest.raises(RuntimeError, match="shared memory"):
+        g.replay()
+
+
+def test_capture_inside_a_capture_is_refused():
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        with pytest.raises(RuntimeError, match="already open"):
+            TPUGraph().capture_begin()
+    assert torch.tpu.graph is not None and torch.tpu.TPUGraph is TPUGraph
+
+
+def test_a_transformers_llama_training_step_captured_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                   max_position_embeddings=32)
+    cpu = transformers.LlamaForCausalLM(cfg).train()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-3)
+    opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-3, capturable=True)
+    ids = [torch.randint(0, 64, (2, 16)) for _ in range(4)]
+    static = ids[0].to("tpu")
+
+    def step(model, opt, x):
+        opt.zero_grad(set_to_none=False)
+        loss = model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(cpu, opt_c, ids[0])
+    step(tpu, opt_t, static)
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss = step(tpu, opt_t, static)
+    for x in ids[1:]:
+        static.copy_(x.to("tpu"))
+        g.replay()
+        torch.testing.assert_close(loss.detach().cpu(), step(cpu, opt_c, x).detach(), rtol=1e-5, atol=1e-5)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,248 @@
+"""Captured graphs: a whole step recorded once, replayed as one XLA executable.
+
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):                  # records; nothing runs
+        loss = model(static_x).sum(); loss.backward(); opt.step()
+    for x in batches:
+        static_x.copy_(x)
+        g.replay()                            # one executable: no Python per op
+
+``torch.cuda.graph``'s contract, on tpu storages instead of device memory. The capture
+records every tpu op of the block into one program (deferred mode's ``lazy`` recording,
+with no length limit and no stage boundaries) and runs none of it. ``capture_end`` binds
+the program to memory: an input read from a storage that existed when the capture began
+is read from that storage at each replay (its value then, as a kernel reads an address);
+a storage the block left holding a recorded value gets that value at each replay (a
+parameter an optimizer updated, a ``.grad`` or a loss made in the block). Each replay is
+one jitted call on the storages' current arrays, and writes its results back.
+
+What a replay cannot see is fixed at capture, as with CUDA graphs:
+
+- Python values (a learning rate, ``if`` on a shape) and arrays made in the block outside
+  the recording are constants. Optimizers must keep their step on the device
+  (``capturable=True``); one that would count on the host raises, as torch's does on CUDA.
+- Memory made in the block belongs to the graph: keep using those tensors (``static_loss``),
+  and do not set ``.grad`` to None after capture (``zero_grad(set_to_none=True)`` before it).
+- Warm up first (a few steps outside the capture) so the optimizer's state exists: state
+  made in the block is made anew at every replay.
+- A value read in the block (``.item()``, printing, data-dependent shapes) raises: nothing
+  has run. Random ops draw fresh counters of the device's generator at every replay.
+
+The block's own outputs hold zeros until the first replay (CUDA leaves them unwritten),
+and storages written in the block keep their values from before it.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any, Iterator
+
+import contextlib
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from tpu_kernels import errors, inflight, lazy, random_state
+from tpu_kernels.lazy import Lazy
+from tpu_kernels.storage import Storage
+
+__all__ = ["TPUGraph", "graph", "graph_pool_handle", "install"]
+
+
+def _storages() -> list[Storage]:
+    """Every live storage (a capture's two walks: where memory was, where it goes)."""
+    return [o for o in gc.get_objects() if type(o) is Storage]
+
+
+def _value(a: Any) -> Any:
+    return a.value if type(a) is Lazy else a
+
+
+class _Program:
+    """The jitted replay of a captured recording: ``(keys, constants, *arrays)`` -> the
+    values written back. Each input is a storage's array, a random key (a row of
+    ``keys``), a constant or a Python number (traced in, as it was recorded)."""
+
+    def __init__(self, prog: lazy.Program, sources: list, wanted: tuple, donated: tuple) -> None:
+        self.nodes, self.sources, self.wanted = prog.nodes, sources, wanted
+        self.jitted = jax.jit(self._run, donate_argnums=tuple(2 + k for k in donated))
+
+    def _run(self, keys: Any, constants: list, *arrays: Any) -> list:
+        inputs = []
+        for kind, v in self.sources:
+            inputs.append(arrays[v] if kind == "storage" else keys[v] if kind == "key"
+                          else constants[v] if kind == "constant" else v)
+        return lazy.run_nodes(self.nodes, inputs, self.wanted)
+
+
+class TPUGraph:
+    """A captured tpu graph (``torch.cuda.CUDAGraph``'s API): ``capture_begin``,
+    ``capture_end``, ``replay``, ``reset``, ``pool``."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._capturing = False
+        self._before: dict[Storage, Any] = {}
+        self.reset()
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        """Start recording (``pool`` and ``capture_error_mode`` are accepted and unused:
+        a graph's memory is its storages)."""
+        if self._capturing or lazy.capturing():
+            raise RuntimeError("a tpu graph capture is already open: end it before starting another")
+        self.reset()
+        lazy.flush()
+        errors.raise_pending()
+        self._before = {st: st.array for st in _storages()}
+        lazy.begin_capture()
+        random_state.begin_capture()
+        errors.hold_reads(True)
+        self._capturing = True
+
+    def capture_end(self, bind: bool = True) -> None:
+        """Stop recording and bind the recording to memory (see the module docstring);
+        ``bind=False`` drops it (a capture that raised)."""
+        if not self._capturing:
+            raise RuntimeError("TPUGraph.capture_end() without capture_begin()")
+        self._capturing = False
+        errors.hold_reads(False)
+        keys, self._n_counters = random_state.end_capture()
+        prog = lazy.end_capture()
+        before, self._before = self._before, {}
+        if prog is None or not prog.nodes:
+            return
+        try:
+            if bind:
+                self._bind(prog, before, keys)
+        finally:
+            errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)
+            self._restore(prog, before)
+
+    def _bind(self, prog: lazy.Program, before: dict, keys: list) -> None:
+        start: dict[int, tuple[Any, list[Storage]]] = {}   # id(array) -> (array, its storages)
+        for st, a in before.items():
+            a = _value(a)
+            if a is not None:
+                start.setdefault(id(a), (a, []))[1].append(st)
+        key_of = {id(k): (k, off) for k, off in keys}
+        sources, reads, constants, key_offsets = [], [], [], []
+        for v, aval in zip(prog.inputs, prog.input_avals):
+            if aval in lazy._PACKED:
+                sources.append(("number", v))
+            elif id(v) in key_of and key_of[id(v)][0] is v:
+                sources.append(("key", len(key_offsets)))
+                key_offsets.append(key_of[id(v)][1])
+            elif id(v) in start and start[id(v)][0] is v:
+                sources.append(("storage", len(reads)))
+                reads.append(start[id(v)][1])
+            else:
+                sources.append(("constant", len(constants)))
+                constants.append(v)
+        slots: dict[tuple, int] = {}
+        writes = []       # (storage, index of its new value among the program's results)
+        for st in _storages():
+            a = st.array
+            if type(a) is Lazy and a.program is prog:
+                writes.append((st, slots.setdefault(a.slot, len(slots))))
+        flags = [(slots.setdefault(f.slot, len(slots)), op, checks)
+                 for f, op, checks in errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)]
+        written = {st for st, _ in writes}
+        donated = tuple(k for k, sts in enumerate(reads) if len(sts) == 1 and sts[0] in written)
+        self._program = _Program(prog, sources, tuple(slots), donated)
+        self._reads, self._writes, self._flags, self._donated = reads, writes, flags, donated
+        self._constants = constants
+        self._key_offsets = np.array(key_offsets, np.int64)
+
+    @staticmethod
+    def _restore(prog: lazy.Program, before: dict) -> None:
+        """Nothing ran: storages written in the block keep their old values, and what the
+        block made holds zeros until the first replay."""
+        for ref in prog.lazies:
+            lz = ref()
+            if lz is not None and lz.value is None:
+                lz.value = jnp.zeros(lz.aval.shape, lz.aval.dtype)
+        for st, a in before.items():
+            if type(st.array) is Lazy and st.array.program is prog:
+                st.array = a
+
+    def replay(self) -> None:
+        """Run the captured program once on the storages' current values."""
+        if self._program is None:
+            if self._capturing:
+                raise RuntimeError("TPUGraph.replay() during its own capture")
+            return
+        arrays = []
+        for sts in self._reads:
+            a = sts[0].array
+            if len(sts) > 1 and any(s.array is not a for s in sts[1:]):
+                raise RuntimeError(
+                    "TPUGraph.replay(): tensors that shared memory when the graph was captured "
+                    "now hold different values; the graph reads one memory: capture again")
+            arrays.append(lazy.concrete(a) if type(a) is Lazy else a)
+        for k in self._donated:
+            # held by its storage, this list and getrefcount's argument only; else (a kept
+            # ``.jax()``, a placeholder's value) the program gets a copy
+            if sys.getrefcount(arrays[k]) > 3 or type(self._reads[k][0].array) is Lazy:
+                arrays[k] = jnp.array(arrays[k], copy=True)
+        keys = ()
+        if len(self._key_offsets):
+            seed, first = random_state.take(self._n_counters)
+            keys = random_state.key_data(seed, first + self._key_offsets)
+        out = inflight.track(self._program.jitted(keys, self._constants, *arrays))
+        for st, j in self._writes:
+            st.array, st.version = out[j], st.version + 1
+        for j, op, checks in self._flags:
+            errors.watch(out[j], op, checks)
+
+    def reset(self) -> None:
+        """Drop the captured program (and the memory it holds)."""
+        self._program = None
+        self._reads, self._writes, self._flags, self._constants = [], [], [], []
+
+    def pool(self) -> tuple[int, int]:
+        """A handle for ``graph(pool=...)`` (memory is not pooled on tpu: accepted, unused)."""
+        return (id(self), 0)
+
+
+def graph_pool_handle() -> tuple[int, int]:
+    """``torch.cuda.graph_pool_handle``'s counterpart (accepted, unused)."""
+    return (0, 0)
+
+
+@contextlib.contextmanager
+def graph(tpu_graph: TPUGraph, pool: Any = None, stream: Any = None,
+          capture_error_mode: str = "global") -> Iterator[TPUGraph]:
+    """``with torch.tpu.graph(g):`` captures the block into ``g`` (``torch.cuda.graph``)."""
+    tpu_graph.capture_begin(pool, capture_error_mode)
+    try:
+        yield tpu_graph
+    except BaseException:
+        tpu_graph.capture_end(bind=False)
+        raise
+    tpu_graph.capture_end()
+
+
+def _capturable(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    if torch.compiler.is_compiling() or not lazy.capturing():
+        return
+    if any(g.get("capturable") is False for g in optimizer.param_groups):
+        raise RuntimeError(
+            f"Attempting tpu graph capture of step() for an instance of {type(optimizer).__name__} "
+            "but param_groups' capturable is False: its step counts on the host, which a replay "
+            "does not see. Pass capturable=True to the optimizer.")
+
+
+_installed = False
+
+
+def install() -> None:
+    """Idempotent: ``torch.tpu.TPUGraph``, ``torch.tpu.graph``, ``torch.tpu.graph_pool_handle``
+    and the optimizers' capturable check."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for name in ("TPUGraph", "graph", "graph_pool_handle"):
+        setattr(torch.tpu, name, globals()[name])
+    register_optimizer_step_pre_hook(_capturable)

@@ -3,7 +3,10 @@
     python -m tpu_kernels.bench.graph_modes [--sizes small,medium] [--iters 20]
 
 Modes: tpu eager (op by op), tpu deferred (``tpu_kernels.deferred()``), tpu compiled
-(``torch.compile(backend="tpu")``), torch CPU eager, torch CPU inductor
+(``torch.compile(backend="tpu")``), tpu graph (the step captured once with
+``torch.tpu.graph`` and replayed: one executable, no Python per op; its AdamW is
+``capturable=True``, two eager steps warm it up, and "first" is the first replay, which
+compiles), torch CPU eager, torch CPU inductor
 (``torch.compile``), and the same model written directly in JAX and jitted
 (``bench/jax_gpt.py``: the XLA limit for this graph). A training step is forward,
 backward and AdamW; the compiled modes compile the loss (forward and backward graphs)
@@ -31,7 +34,15 @@ SIZES = {
     "small": (GPTConfig(), 4),
     "medium": (GPTConfig(vocab=512, seq=128, dim=256, heads=8, layers=4), 8),
 }
-MODES = ["tpu eager", "tpu deferred", "tpu compiled", "cpu eager", "cpu inductor", "jax jit"]
+MODES = ["tpu eager", "tpu deferred", "tpu compiled", "tpu graph", "cpu eager", "cpu inductor", "jax jit"]
+
+
+def _replaying(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` captured into a tpu graph: each call replays it and returns its outputs."""
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        out = fn()
+    return lambda: (g.replay(), out)[1]
 
 
 def _forward(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
@@ -50,7 +61,7 @@ def _forward(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
     def call():
         with torch.no_grad(), (deferred() if mode == "tpu deferred" else contextlib.nullcontext()):
             return m(toks)
-    return call
+    return _replaying(call) if mode == "tpu graph" else call
 
 
 def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
@@ -67,7 +78,7 @@ def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any
     dev = "cpu" if mode.startswith("cpu") else "tpu"
     m = copy.deepcopy(model).to(dev).train()
     toks = tokens.to(dev)
-    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3, capturable=mode == "tpu graph")
     loss_fn, opt_step = m.loss, opt.step
     if mode in ("tpu compiled", "cpu inductor"):
         backend = "tpu" if dev == "tpu" else "inductor"
@@ -81,6 +92,10 @@ def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any
             loss.backward()
             opt_step()
         return loss
+    if mode == "tpu graph":
+        for _ in range(2):      # the optimizer's state exists before the capture
+            step()
+        return _replaying(step)
     return step
 
 

@@ -183,3 +183,15 @@ def test_a_transformers_llama_training_step_captured_matches_cpu():
         torch.testing.assert_close(loss.detach().cpu(), step(cpu, opt_c, x).detach(), rtol=1e-5, atol=1e-5)
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_compiled_graph_inside_a_capture_is_refused():
+    model = _mlp().to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    x = torch.randn(2, 8, device="tpu")
+    compiled(x)
+    with pytest.raises(RuntimeError, match="torch.compile'd graph ran inside a tpu graph capture"):
+        with torch.tpu.graph(TPUGraph()):
+            compiled(x)
+    assert not lazy.capturing()
+    torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())

@@ -33,7 +33,7 @@ from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
-from tpu_kernels.lazy import Lazy, concrete
+from tpu_kernels.lazy import Lazy, capturing, concrete
 from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.tensor import TpuTensor, read, wrap_known, wrap_view, source as tensor_source
@@ -81,6 +81,12 @@ class GraphProgram:
         self._jitted = hooked or self._jit()
 
     def __call__(self, *args: Any) -> list[Any]:
+        if capturing():
+            # it would run now, and the capture would keep its results as constants
+            raise RuntimeError(
+                "a torch.compile'd graph ran inside a tpu graph capture (torch.tpu.graph), which "
+                "cannot record it: capture the model uncompiled (the capture already runs the "
+                "whole block as one executable)")
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
         # (storage, geometry) per tensor input; a tpu tensor's without a shadow made
         sources = [tensor_source(a) if type(a) is TpuTensor else source_of(a) for a in tensors]

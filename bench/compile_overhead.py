@@ -20,9 +20,11 @@ times, in µs per call (best of several rounds of ``--calls`` calls, the last re
   program`` is AOTAutograd's wrappers (subclass flattening, output wrapping);
 - ``jit``: the program's ``jax.jit`` call alone (statics, key, storages); ``program - jit``
   is argument flattening, the key and results;
-- ``exe``: the compiled XLA executable called directly: the program's own run time.
+- ``exe``: the compiled XLA executable called directly: the program's own run time;
+- ``graph``: the call captured once with ``torch.tpu.graph`` and replayed (no Dynamo, no
+  autograd, no per-op Python: the storages' arrays into one jitted call and back).
 
-``overhead`` = compiled - exe (the issue's target: at most 20 µs). Eager is the same code
+``overhead`` = compiled - exe (the issue's target: at most 20 µs); ``graph-exe`` = graph - exe. Eager is the same code
 op by op. ``jit`` and ``exe`` are called back to back, which the CPU backend pipelines: a
 call between other Python work (as inside ``program`` or ``compiled``) costs it more. Shared machines make absolute figures noisy: compare columns of one run;
 ``--clock cpu`` times the calling thread's CPU time instead of wall time (the Python and
@@ -133,6 +135,14 @@ def _frame(fn: Callable, args: tuple, calls: int, clock: str) -> dict[str, float
     return row
 
 
+def _replay(fn: Callable, args: tuple) -> Callable[[], Any]:
+    """``fn(*args)`` captured in a tpu graph: a call replays it and returns its outputs."""
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        out = fn(*args)
+    return lambda: (g.replay(), out)[1]
+
+
 def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall") -> dict[str, float]:
     with torch.set_grad_enabled(name in GRAD):
         row = _frame(fn, args, calls, clock)
@@ -164,15 +174,17 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             "jit": lambda: prog._jitted(statics, key, *arrays),
             "exe": lambda: exe(key, *arrays),
             "eager": lambda: fn(*args),
+            "graph": _replay(fn, args),
         }
         row.update({k: _per_call(f, calls, clock=clock) for k, f in timed.items()})
     row["overhead"] = row["compiled"] - row["exe"]
+    row["graph-exe"] = row["graph"] - row["exe"]
     return row
 
 
 def run(calls: int = 2000, out=print, clock: str = "wall") -> list[dict]:
     rows = []
-    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "eager", "overhead"]
+    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "eager", "graph", "overhead", "graph-exe"]
     out(f"{'case':<15}" + "".join(f"{c:>10}" for c in cols) + "   (µs per call)")
     for name, (fn, args) in _cases().items():
         row = measure(name, fn, args, calls, clock)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tpu_kernels  # noqa: F401  (registers the tpu device)
-from tpu_kernels import lazy
+from tpu_kernels import aot, lazy
+from tpu_kernels.models import GPT, GPTConfig
 from tpu_kernels.graphs import TPUGraph
 
 
@@ -195,3 +196,39 @@ def test_a_compiled_graph_inside_a_capture_is_refused():
             compiled(x)
     assert not lazy.capturing()
     torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())
+
+
+def test_host_data_copied_in_the_block_is_copied_again_at_each_replay():
+    acc = torch.zeros(2, device="tpu")
+    whole = torch.zeros(2, device="tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        whole.copy_(torch.tensor([1.0, 2.0]))        # host data: read at capture
+        acc.add_(whole * 2)
+    assert whole.tolist() == [0, 0] and acc.tolist() == [0, 0]
+    g.replay()
+    g.replay()
+    assert whole.tolist() == [1, 2] and acc.tolist() == [4, 8]
+
+
+@pytest.mark.skipif(aot.unavailable_reason() is not None, reason=str(aot.unavailable_reason()))
+def test_a_captured_gpt_training_step_compiles_for_a_tpu_chip():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig()).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+    tokens = torch.randint(0, 256, (2, 33), device="tpu")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = model.loss(tokens)
+        loss.backward()
+        opt.step()
+
+    step()
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+    specs = aot.on_chip(g.input_specs(), "v5e")
+    compiled = aot.compile_lowered(lambda: g.lower(specs), "v5e")
+    # one executable: the forward, the backward and AdamW, parameters and moments donated
+    assert compiled.summary.flops > 0 and compiled.summary.alias_bytes > 0

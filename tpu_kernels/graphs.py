@@ -145,12 +145,18 @@ class TPUGraph:
             a = st.array
             if type(a) is Lazy and a.program is prog:
                 writes.append((st, slots.setdefault(a.slot, len(slots))))
+        # a storage the block set to an array made outside the recording (a host copy):
+        # each replay sets it again
+        constant_writes = [(st, st.array) for st, a in before.items()
+                           if st.array is not a and type(st.array) is not Lazy]
         flags = [(slots.setdefault(f.slot, len(slots)), op, checks)
                  for f, op, checks in errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)]
         written = {st for st, _ in writes}
         donated = tuple(k for k, sts in enumerate(reads) if len(sts) == 1 and sts[0] in written)
         self._program = _Program(prog, sources, tuple(slots), donated)
+        self._index = prog.index
         self._reads, self._writes, self._flags, self._donated = reads, writes, flags, donated
+        self._constant_writes = constant_writes
         self._constants = constants
         self._key_offsets = np.array(key_offsets, np.int64)
 
@@ -163,7 +169,7 @@ class TPUGraph:
             if lz is not None and lz.value is None:
                 lz.value = jnp.zeros(lz.aval.shape, lz.aval.dtype)
         for st, a in before.items():
-            if type(st.array) is Lazy and st.array.program is prog:
+            if st.array is not a:
                 st.array = a
 
     def replay(self) -> None:
@@ -189,16 +195,34 @@ class TPUGraph:
         if len(self._key_offsets):
             seed, first = random_state.take(self._n_counters)
             keys = random_state.key_data(seed, first + self._key_offsets)
-        out = inflight.track(self._program.jitted(keys, self._constants, *arrays))
+        out = inflight.track(lazy.run_on(self._index, self._program.jitted, [keys, self._constants, *arrays]))
+        for st, a in self._constant_writes:
+            st.array, st.version = a, st.version + 1
         for st, j in self._writes:
             st.array, st.version = out[j], st.version + 1
         for j, op, checks in self._flags:
             errors.watch(out[j], op, checks)
 
+    def lower(self, arrays: list | None = None) -> jax.stages.Lowered:
+        """The captured program lowered, not run, on ``arrays`` (by default the storages'
+        current arrays; abstract values placed on a TPU chip compile it for that chip:
+        ``tpu_kernels.aot.compile_lowered(lambda: g.lower(specs), "v5e")``)."""
+        if self._program is None:
+            raise RuntimeError("TPUGraph.lower(): nothing was captured")
+        if arrays is None:
+            arrays = [lazy.concrete(sts[0].array) for sts in self._reads]
+        keys = np.zeros((len(self._key_offsets), 3), np.uint32) if len(self._key_offsets) else ()
+        return self._program.jitted.lower(keys, self._constants, *arrays)
+
+    def input_specs(self) -> list[jax.ShapeDtypeStruct]:
+        """Shape and dtype of each storage the program reads, in ``lower``'s order."""
+        return [jax.ShapeDtypeStruct(sts[0].array.shape, sts[0].array.dtype) for sts in self._reads]
+
     def reset(self) -> None:
         """Drop the captured program (and the memory it holds)."""
         self._program = None
         self._reads, self._writes, self._flags, self._constants = [], [], [], []
+        self._constant_writes = []
 
     def pool(self) -> tuple[int, int]:
         """A handle for ``graph(pool=...)`` (memory is not pooled on tpu: accepted, unused)."""

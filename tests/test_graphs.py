@@ -232,3 +232,26 @@ def test_a_captured_gpt_training_step_compiles_for_a_tpu_chip():
     compiled = aot.compile_lowered(lambda: g.lower(specs), "v5e")
     # one executable: the forward, the backward and AdamW, parameters and moments donated
     assert compiled.summary.flops > 0 and compiled.summary.alias_bytes > 0
+
+
+def test_graphed_callables_train_inside_an_eager_loop_as_cpu_does():
+    torch.manual_seed(0)
+    block_c, head_c = _mlp(), torch.nn.Linear(4, 2)
+    block_t, head_t = copy.deepcopy(block_c).to("tpu"), copy.deepcopy(head_c).to("tpu")
+    opt_c = torch.optim.SGD([*block_c.parameters(), *head_c.parameters()], lr=0.1)
+    opt_t = torch.optim.SGD([*block_t.parameters(), *head_t.parameters()], lr=0.1)
+    graphed = torch.tpu.make_graphed_callables(block_t, (torch.randn(5, 8, device="tpu", requires_grad=True),))
+    assert graphed is block_t
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        xt = x.to("tpu").requires_grad_()
+        xc = x.clone().requires_grad_()
+        for block, head, opt, inp in ((block_c, head_c, opt_c, xc), (graphed, head_t, opt_t, xt)):
+            opt.zero_grad()
+            head(block(inp)).square().mean().backward()
+            opt.step()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+    for p, q in zip([*block_t.parameters(), *head_t.parameters()], [*block_c.parameters(), *head_c.parameters()]):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    block_t.eval()                                   # another training state: the original forward
+    torch.testing.assert_close(block_t(xt).detach().cpu(), block_c.eval()(xc).detach(), rtol=1e-5, atol=1e-6)

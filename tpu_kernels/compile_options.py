@@ -4,6 +4,8 @@ Every graph becomes one XLA executable whatever the mode, so the modes differ in
 
 - ``"default"``, ``"reduce-overhead"``: the program is already one device launch per graph
   (what CUDA graphs buy inductor), and its arguments are the tensors' storages, no copies.
+  What is left per call is Python (Dynamo's frame and guards, AOTAutograd, autograd);
+  ``torch.tpu.graph`` captures a whole step and replays it without any (``graphs.py``).
 - ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``: XLA fuses and schedules the whole
   graph itself; each Pallas/Helion kernel runs with the block sizes its ``supports``/config
   picks for the chip (the same choice as eager).

@@ -90,6 +90,36 @@ def assert_same(expected: Any, actual: Any, msg: str = "", **tolerance: float) -
             assert a == e or (a != a and e != e), f"{msg}: {a!r} != {e!r}"
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def assert_as_accurate(expected: Any, actual: Any, exact: Any, msg: str = "") -> None:
+    """For float16/bfloat16 results that ``assert_same`` finds apart: ``actual`` is, element
+    by element, at least as close to ``exact`` (the same computation in float64, rounded
+    nowhere) as ``expected`` (CPU torch) is, within the dtype's tolerance. Two sums in
+    another order round differently by more than one ulp of the result (a convolution's
+    gradient); neither is the right one, and the tpu one must not be the worse."""
+    for e, a, x in zip(_leaves(expected), _leaves(actual), _leaves(exact)):
+        if not isinstance(e, torch.Tensor):
+            continue
+        dtype = e.dtype
+        atol, rtol = TOLERANCES[dtype] if dtype in TOLERANCES else (0.0, 0.0)
+        a, x, e = a.cpu().double(), x.double(), e.double()
+        slack = (e - x).abs() + atol + rtol * x.abs()
+        # NaN where float64 has none, or none where it has one, is worse unless CPU torch does the same
+        worse = ((a - x).abs() > slack) | ((a.isnan() != x.isnan()) & (a.isnan() != e.isnan()))
+        assert not worse.any(), (
+            f"{msg}\n{int(worse.sum())} / {worse.numel()} elements are further from the float64 "
+            f"result than CPU torch's by more than the {dtype} tolerance (largest tpu error "
+            f"{(a - x).abs().max().item():.3g}, CPU's {(e - x).abs().max().item():.3g})")
+
+
+def low_precision(x: Any) -> bool:
+    """True when every floating tensor among ``x``'s leaves is float16 or bfloat16."""
+    floats = [t for t in _leaves(x) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
+    return bool(floats) and all(t.dtype in LOW_PRECISION for t in floats)
+
+
 def _leaves(x: Any) -> list:
     if isinstance(x, (list, tuple)):
         return [y for v in x for y in _leaves(v)]

@@ -31,7 +31,8 @@ import strategies as S
 from tpu_kernels import registry
 from tpu_kernels.dispatch import meta_args
 from tpu_kernels.registry import REGISTRY, Route
-from tpu_kernels.testing import assert_as_accurate, assert_same, low_precision, reference_of, reproducer
+from tpu_kernels.testing import (assert_as_accurate, assert_same, assert_same_or_as_accurate, in_float64,
+                                 reference_of, reproducer)
 
 
 def label(impl) -> tuple[str, str]:
@@ -124,6 +125,25 @@ def run_case(op, impl, case: S.Case, stats: dict) -> None:
                              f"--- reproducer ---\n{rep}\n------------------") from exc
 
 
+# Ops whose CPU reference is not refereed by float64 (each with why): a result apart from
+# CPU torch's must be within the tolerance of it.
+NO_FLOAT64_REFEREE = {
+    # torch's CPU flash kernel rounds the probabilities to the input dtype before P @ V:
+    # CPU's error is the kernel's own design, and drawn examples fell on both sides of it
+    # (the listed case passed in some test orders and failed in others)
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+}
+
+
+def _exact(op, fn):
+    """The float64 referee of ``op`` (``fn``), or one that declines (see NO_FLOAT64_REFEREE)."""
+    if str(op) in NO_FLOAT64_REFEREE:
+        def declined():
+            raise LookupError(f"{op}: no float64 referee")
+        return declined
+    return fn
+
+
 def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
     targs, tkw = case.build("tpu")
     msg = f"{op} impl {':'.join(label(impl))}"
@@ -142,7 +162,8 @@ def _compare(op, impl, ref, case, cargs, ckw, expected, force, stats, call):
         got, want = S.meta_summary(actual), S.meta_summary(expected)
         assert got == want, f"{msg}\nshape/dtype {got} != {want}"
     else:
-        assert_same(expected, actual, msg)
+        exact = _exact(op, lambda: ref(*in_float64(case.build("cpu")[0]), **in_float64(case.build("cpu")[1])))
+        assert_same_or_as_accurate(expected, actual, exact, msg)
         # mutated arguments (in-place ops; out-of-place ops must not touch their inputs)
         assert_same(_tensor_args(cargs, ckw), _tensor_args(targs, tkw), f"{msg} (arguments after the call)")
     if op.is_view or any(r.alias_info is not None for r in op._schema.returns):
@@ -201,28 +222,16 @@ def _check_grads(op, impl, ref, case, msg, force, call) -> bool:
     ge = [g if g is not None else None for g in ge]
     ga = [None if (e is None) else a for e, a in zip(ge, ga)]
     ge = [torch.zeros_like(l) if (e is None and a is not None) else e for e, a, l in zip(ge, ga, cleaves)]
-    msg = f"{msg}\n(gradients of a random cotangent, seed 1234)"
-    try:
-        assert_same(list(ge), list(ga), msg)
-    except AssertionError:
-        exact = _exact_grads(ref, case, cots) if low_precision(ge) else None
-        if exact is None:
-            raise
-        assert_as_accurate(list(ge), list(ga), exact, msg)
+    assert_same_or_as_accurate(list(ge), list(ga), _exact(op, lambda: _exact_grads(ref, case, cots)),
+                               f"{msg}\n(gradients of a random cotangent, seed 1234)")
     return True
 
 
-def _exact_grads(ref, case, cots) -> list | None:
-    """The CPU gradients computed in float64 (None if the op does not run there)."""
-    cargs, ckw = case.build("cpu")
-    up = lambda x: x.double() if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else x  # noqa: E731
-    cargs = tuple([up(y) for y in a] if isinstance(a, list) else up(a) for a in cargs)
-    cargs, ckw, leaves = _with_grad(cargs, ckw)
-    try:
-        outs = [o for o in S.flat(ref(*cargs, **ckw)) if isinstance(o, torch.Tensor) and o.requires_grad]
-        grads = torch.autograd.grad(outs, leaves, [c.double() for c in cots], allow_unused=True)
-    except Exception:
-        return None
+def _exact_grads(ref, case, cots) -> list:
+    """The CPU gradients computed in float64."""
+    cargs, ckw, leaves = _with_grad(*in_float64(case.build("cpu")))
+    outs = [o for o in S.flat(ref(*cargs, **ckw)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads = torch.autograd.grad(outs, leaves, [c.double() for c in cots], allow_unused=True)
     return [torch.zeros_like(l) if g is None else g for g, l in zip(grads, leaves)]
 
 
@@ -332,8 +341,16 @@ def test_low_precision_results_apart_from_cpu_pass_only_when_no_less_accurate():
     assert_as_accurate(cpu, closer, exact)
     with pytest.raises(AssertionError, match="further from the float64 result"):
         assert_as_accurate(cpu, worse, exact)
+    exact32 = torch.tensor([1.0 + 3e-7], dtype=torch.float64)   # float32: CPU off by 1 ulp, tpu exact-ish
+    assert_as_accurate(torch.tensor([1.0], dtype=torch.float32), torch.tensor([1.0 + 2.4e-7]), exact32)
+    with pytest.raises(AssertionError, match="apart"):          # integers stay exact
+        assert_same_or_as_accurate(torch.tensor([1, 2]), torch.tensor([1, 3]), lambda: None, "apart")
+    with pytest.raises(AssertionError, match="no referee"):    # float64 means something else here
+        assert_same_or_as_accurate(torch.tensor([1.0]), torch.tensor([1.5]),
+                                   lambda: torch.tensor([9.0], dtype=torch.float64), "no referee")
+    with pytest.raises(AssertionError, match="expected torch.float32 \\(0,\\)"):  # shapes still count
+        assert_same_or_as_accurate(torch.ones(0), torch.ones(3), lambda: torch.ones(0, dtype=torch.float64))
     nan = float("nan")
     with pytest.raises(AssertionError, match="further from the float64 result"):   # NaN lost
         assert_as_accurate(torch.tensor([nan], dtype=torch.float16), torch.tensor([1.0], dtype=torch.float16),
                            torch.tensor([nan], dtype=torch.float64))
-    assert low_precision([cpu, None]) and not low_precision([cpu, exact])

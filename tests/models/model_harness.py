@@ -43,6 +43,9 @@ class Case:
     train_tol: tuple[float, float] = F32
     xfail_forward: str | None = None                 # reason naming the ATen op
     xfail_train: str | None = None
+    # a training step whose float32 drift passes on some CPUs and not on others (non-strict
+    # xfail; the reason says where it fails and why it is rounding)
+    drifts_train: str | None = None
     thorough: bool = False                           # slow: run with --thorough only
 
     def params(self, which: str) -> Any:
@@ -50,6 +53,8 @@ class Case:
         xf = self.xfail_forward if which == "forward" else self.xfail_train
         if xf:
             marks.append(pytest.mark.xfail(strict=True, reason=xf))
+        if which == "train" and self.drifts_train:
+            marks.append(pytest.mark.xfail(strict=False, reason=self.drifts_train))
         if self.thorough:
             marks.append(pytest.mark.thorough)
         return pytest.param(self, id=self.name, marks=marks)

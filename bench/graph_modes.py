@@ -37,7 +37,7 @@ SIZES = {
 MODES = ["tpu eager", "tpu deferred", "tpu compiled", "tpu graph", "cpu eager", "cpu inductor", "jax jit"]
 
 
-def _replaying(fn: Callable[[], Any]) -> Callable[[], Any]:
+def replaying(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` captured into a tpu graph: each call replays it and returns its outputs."""
     g = torch.tpu.TPUGraph()
     with torch.tpu.graph(g):
@@ -61,7 +61,7 @@ def _forward(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
     def call():
         with torch.no_grad(), (deferred() if mode == "tpu deferred" else contextlib.nullcontext()):
             return m(toks)
-    return _replaying(call) if mode == "tpu graph" else call
+    return replaying(call) if mode == "tpu graph" else call
 
 
 def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any]:
@@ -95,7 +95,7 @@ def _train_step(mode: str, model: GPT, tokens: torch.Tensor) -> Callable[[], Any
     if mode == "tpu graph":
         for _ in range(2):      # the optimizer's state exists before the capture
             step()
-        return _replaying(step)
+        return replaying(step)
     return step
 
 

@@ -112,14 +112,15 @@ class TPUGraph:
         before, self._before = self._before, {}
         if prog is None or not prog.nodes:
             return
+        # the recording's check flags: replay's to watch, never read as placeholders
+        flags = errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)
         try:
             if bind:
-                self._bind(prog, before, keys)
+                self._bind(prog, before, keys, flags)
         finally:
-            errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)
             self._restore(prog, before)
 
-    def _bind(self, prog: lazy.Program, before: dict, keys: list) -> None:
+    def _bind(self, prog: lazy.Program, before: dict, keys: list, watched: list) -> None:
         start: dict[int, tuple[Any, list[Storage]]] = {}   # id(array) -> (array, its storages)
         for st, a in before.items():
             a = _value(a)
@@ -149,8 +150,7 @@ class TPUGraph:
         # each replay sets it again
         constant_writes = [(st, st.array) for st, a in before.items()
                            if st.array is not a and type(st.array) is not Lazy]
-        flags = [(slots.setdefault(f.slot, len(slots)), op, checks)
-                 for f, op, checks in errors.take_watched(lambda f: type(f) is Lazy and f.program is prog)]
+        flags = [(slots.setdefault(f.slot, len(slots)), op, checks) for f, op, checks in watched]
         written = {st for st, _ in writes}
         donated = tuple(k for k, sts in enumerate(reads) if len(sts) == 1 and sts[0] in written)
         self._program = _Program(prog, sources, tuple(slots), donated)

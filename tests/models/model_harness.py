@@ -27,7 +27,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tpu_kernels.testing import TOLERANCES
+from tpu_kernels.testing import TOLERANCES, in_float64
 
 F32 = tuple(TOLERANCES[torch.float32])  # (atol, rtol) for float32 from the library's table
 
@@ -164,10 +164,6 @@ def _leaves(x: Any) -> list:
 
 
 # -- telling accumulated rounding from a wrong result: a float64 reference ----------------------
-def _double(x: Any) -> Any:
-    return tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, x)
-
-
 def float64_run(case: Case, train: bool) -> Any:
     """The same model and inputs on CPU in float64: the forward outputs, or (loss, grads) of
     the training step; None when the model cannot run in float64."""
@@ -175,7 +171,7 @@ def float64_run(case: Case, train: bool) -> Any:
     model = case.build().double()
     model.train(train)
     torch.manual_seed(1)
-    inputs = _double(case.inputs())
+    inputs = in_float64(case.inputs())
     try:
         if train:
             return _step(model, case, inputs)

@@ -171,6 +171,15 @@ def _reduce_axes(x):
     return (0, *range(2, x.ndim))
 
 
+def _stat_dtype(input, *params):
+    """The saved statistics' dtype on torch's CPU: the input's, except for a half-type input
+    with a parameter or running statistic of another type ("mixed type"): float32."""
+    dt = input.dtype
+    if dt != float_compute(dt) and any(p is not None and p.dtype != dt for p in params):
+        return float_compute(dt)
+    return dt
+
+
 def _param_round(input, *params):
     """Rounding to torch's CPU parameter type: a half-type input whose weight, bias and
     running statistics are all of its own type (or absent) keeps its saved mean and
@@ -197,7 +206,9 @@ def _bn_train(input, weight, bias, eps, running_mean=None, running_var=None):
     if rnd(var) is not var:
         mean, var = rnd(mean), rnd(rnd(var * n) / rnd(jnp.asarray(n, acc)))
     invstd = rnd(lax.rsqrt(var + eps))
-    return _scale_shift(x, mean, invstd, weight, bias), mean, invstd, var
+    sdt = _stat_dtype(input, weight, bias, running_mean, running_var)
+    y = _scale_shift(x, mean, invstd, weight, bias).astype(input.dtype)
+    return y, mean.astype(sdt), invstd.astype(sdt), var
 
 
 def _bn_eval(input, weight, bias, running_mean, running_var, eps):
@@ -206,10 +217,11 @@ def _bn_eval(input, weight, bias, running_mean, running_var, eps):
     acc = float_compute(input.dtype)
     x = input.astype(acc)
     mean, invstd = running_mean.astype(acc), lax.rsqrt(running_var.astype(acc) + eps)
-    y = _scale_shift(x, mean, invstd, weight, bias)
+    y = _scale_shift(x, mean, invstd, weight, bias).astype(input.dtype)
+    sdt = _stat_dtype(input, weight, bias, running_mean, running_var)
     if out_shape(1) == (0,):
-        return y, jnp.zeros((0,), acc), jnp.zeros((0,), acc)
-    return y, mean, invstd
+        return y, jnp.zeros((0,), sdt), jnp.zeros((0,), sdt)
+    return y, mean.astype(sdt), invstd.astype(sdt)
 
 
 def _updated(running_mean, running_var, mean, var, momentum, n):

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 
-QUICK_COMPILE = "--xla_backend_optimization_level=0"   # see below
-
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # tests count traces per signature: the persistent call cache (dispatch/call_cache.py) would
 # skip them in every run after the first; tests/test_call_cache.py turns it on
@@ -14,16 +12,6 @@ os.environ.setdefault("TPU_KERNELS_CALL_CACHE", "0")
 # worker's memory mappings reaching the kernel's limit: see the hook below.)
 # TPU_KERNELS_JAX_CACHE=DIR turns it on for a local run.
 os.environ.setdefault("TPU_KERNELS_JAX_CACHE", "0")
-# XLA:CPU compiles at LLVM's lowest optimization level in the tests (unless XLA_FLAGS sets
-# one): a test compiles hundreds of small programs and runs each a few times, so compiling
-# dominates. Measured on the 2-core CI machine: a model's training-step test 16.7 -> 11.0
-# s, a sample of model, op, bench and health tests 352 -> 229 s. The HLO (fusions, reduction
-# order) is the same; the level changes LLVM's passes, which keep IEEE semantics (XLA:CPU
-# does not turn fast-math on). TPU compiles (tpu_kernels.aot) set the production level
-# themselves. `make test-thorough` keeps XLA's default.
-if "optimization_level" not in os.environ.get("XLA_FLAGS", "") \
-        and os.environ.get("TPU_KERNELS_HYPOTHESIS_PROFILE") != "thorough":
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + QUICK_COMPILE).strip()
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

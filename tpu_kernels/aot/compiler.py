@@ -50,11 +50,6 @@ def compile(fn: Callable[..., Any], *specs: Any, chip: str = "v6e",
     return compile_lowered(lambda: jitted.lower(*placed), row.name)
 
 
-# XLA's default backend level, whatever XLA_FLAGS says (the tests lower it for XLA:CPU's
-# compile time): a TPU compile here stands for the production one
-PRODUCTION = {"xla_backend_optimization_level": 3}
-
-
 def compile_lowered(lower: Callable[[], jax.stages.Lowered], chip: str,
                     compiler_options: dict[str, str] | None = None) -> Compiled:
     """Run ``lower()`` (a function that traces and lowers a program) and compile the result
@@ -63,7 +58,7 @@ def compile_lowered(lower: Callable[[], jax.stages.Lowered], chip: str,
     row = tpu_info.chip(chip)
     start = time.perf_counter()
     with tpu_info.compile_for(row), _no_persistent_cache():
-        executable = lower().compile(compiler_options={**PRODUCTION, **(compiler_options or {})})
+        executable = lower().compile(compiler_options=compiler_options or None)
     return Compiled(executable, summarize(executable, row.name, time.perf_counter() - start))
 
 

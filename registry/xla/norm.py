@@ -180,15 +180,13 @@ def _stat_dtype(input, *params):
     return dt
 
 
-def _param_round(input, *params):
-    """Rounding to torch's CPU parameter type: a half-type input whose weight, bias and
-    running statistics are all of its own type (or absent) keeps its saved mean and
-    inverse std, and the intermediate variance sum, in that type; with float32
-    parameters ("mixed type") nothing is rounded."""
-    dt = input.dtype
-    if dt == float_compute(dt) or any(p is not None and p.dtype != dt for p in params):
+def _rounding_to(sdt, acc):
+    """Rounding of ``acc`` values to the stat dtype ``sdt``: torch's CPU kernel keeps a
+    half-type input's saved mean and inverse std, and the intermediate variance sum, in
+    that type; float32 statistics ("mixed type", or a float32 input) are not rounded."""
+    if sdt == acc:
         return lambda v: v
-    return lambda v: v.astype(dt).astype(float_compute(dt))
+    return lambda v: v.astype(sdt).astype(acc)
 
 
 def _bn_train(input, weight, bias, eps, running_mean=None, running_var=None):
@@ -201,12 +199,12 @@ def _bn_train(input, weight, bias, eps, running_mean=None, running_var=None):
     x = input.astype(acc)
     mean, var = _stats(x, _reduce_axes(x))
     mean, var = mean.reshape(-1), var.reshape(-1)
-    rnd = _param_round(input, weight, bias, running_mean, running_var)
+    sdt = _stat_dtype(input, weight, bias, running_mean, running_var)
+    rnd = _rounding_to(sdt, acc)
     n = _count(input)
     if rnd(var) is not var:
         mean, var = rnd(mean), rnd(rnd(var * n) / rnd(jnp.asarray(n, acc)))
     invstd = rnd(lax.rsqrt(var + eps))
-    sdt = _stat_dtype(input, weight, bias, running_mean, running_var)
     y = _scale_shift(x, mean, invstd, weight, bias).astype(input.dtype)
     return y, mean.astype(sdt), invstd.astype(sdt), var
 

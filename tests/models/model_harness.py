@@ -48,14 +48,14 @@ class Case:
     drifts_train: str | None = None
     thorough: bool = False                           # slow: run with --thorough only
 
-    def params(self, which: str) -> Any:
+    def params(self, which: str, in_ci: bool = True) -> Any:
         marks = []
         xf = self.xfail_forward if which == "forward" else self.xfail_train
         if xf:
             marks.append(pytest.mark.xfail(strict=True, reason=xf))
         if which == "train" and self.drifts_train:
             marks.append(pytest.mark.xfail(strict=False, reason=self.drifts_train))
-        if self.thorough:
+        if self.thorough or not in_ci:
             marks.append(pytest.mark.thorough)
         return pytest.param(self, id=self.name, marks=marks)
 
@@ -258,7 +258,12 @@ def _to_tpu_args(x: Any) -> Any:
 
 
 def localise(case: Case, train: bool, tol: tuple[float, float]) -> str:
-    """Rerun the CPU model op by op (forward, and backward when ``train``)."""
+    """Rerun the CPU model op by op (forward, and backward when ``train``). Not for a known
+    failure (a strict xfail, whose reason names the op): the replay costs as much as the
+    check itself."""
+    known = case.xfail_train if train else case.xfail_forward
+    if known:
+        return f"(not replayed op by op: a known failure: {known})"
     torch.manual_seed(0)
     model = case.build()
     model.train(train)
@@ -372,14 +377,24 @@ def check_train_step(case: Case) -> None:
                     f"{localise(case, True, F32)}", pytrace=False)
 
 
-def suite_tests(cases: list[Case]) -> tuple[Callable, Callable]:
+def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Callable]:
     """A model file's two tests over its ``cases``: ``test_forward, test_train_step =
-    suite_tests(CASES)`` (pytest collects them by those names)."""
-    @pytest.mark.parametrize("case", [c.params("forward") for c in cases])
+    suite_tests(CASES, {...})`` (pytest collects them by those names).
+
+    CI checks each model once: the training step of the models named in ``train_in_ci``
+    (one or two per mechanism the file covers; the step runs the same forward ops in train
+    mode), the forward of every other; ``--thorough`` runs both checks of every model. A
+    training step costs CI about 10 s (most of it compiling the backward's ops), 97 of them
+    a third of CI's time budget, and most models' backward ops are the same few dozen (each
+    is also an op-level parity case)."""
+    unknown = train_in_ci - {c.name for c in cases}
+    assert not unknown, f"train_in_ci names models with no case: {sorted(unknown)}"
+
+    @pytest.mark.parametrize("case", [c.params("forward", c.name not in train_in_ci) for c in cases])
     def test_forward(case):
         check_forward(case)
 
-    @pytest.mark.parametrize("case", [c.params("train") for c in cases])
+    @pytest.mark.parametrize("case", [c.params("train", c.name in train_in_ci) for c in cases])
     def test_train_step(case):
         check_train_step(case)
     return test_forward, test_train_step

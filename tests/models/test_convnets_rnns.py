@@ -144,4 +144,6 @@ CASES = [
 ]
 
 
-test_forward, test_train_step = suite_tests(CASES)
+# training steps in CI (the convolution/BatchNorm net and the recurrent one); every one with --thorough
+TRAIN_IN_CI = {"resnet", "lstm"}
+test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)

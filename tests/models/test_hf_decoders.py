@@ -76,4 +76,6 @@ CASES += [
 ]
 
 
-test_forward, test_train_step = suite_tests(CASES)
+# training steps in CI (rotary, learned positions, grouped_mm and looped experts, soft-capped eager attention, ALiBi, partial rotary); every one with --thorough
+TRAIN_IN_CI = {"llama", "gpt2", "qwen3_moe", "mixtral", "gemma2", "bloom", "phi"}
+test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)

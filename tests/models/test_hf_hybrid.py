@@ -40,4 +40,6 @@ CASES = [
 ]
 
 
-test_forward, test_train_step = suite_tests(CASES)
+# training steps in CI (the two selective-scan families); every one with --thorough
+TRAIN_IN_CI = {"mamba2", "falcon_mamba"}
+test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)

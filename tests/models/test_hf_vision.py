@@ -94,4 +94,6 @@ CASES = [
 ]
 
 
-test_forward, test_train_step = suite_tests(CASES)
+# training steps in CI (a BatchNorm CNN and a ViT with layer scale); every one with --thorough
+TRAIN_IN_CI = {"resnet_hf", "dinov2"}
+test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)

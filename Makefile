@@ -26,10 +26,11 @@ demo: $(STAMP)
 	$(PYTHON) -m tpu_kernels demo
 
 # Lint first (seconds), then the suite in a random order (pytest-randomly; the seed is
-# printed in the header: rerun that order with --randomly-seed=N).
+# printed in the header: rerun that order with --randomly-seed=N). worksteal: a worker that
+# runs out takes tests queued for the other (a 60 s test near the end no longer idles one).
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q -n $(JOBS) -p no:cacheprovider -p randomly tests
+	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal -p no:cacheprovider -p randomly tests
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check .

@@ -37,6 +37,50 @@ def test_factories(factory):
     assert_same(expected, got)
 
 
+def _backend_compiles(fn) -> int:
+    """How many XLA executables ``fn()`` compiled."""
+    import jax
+    from jax._src import dispatch
+    n = [0]
+
+    def count(event, duration, **kwargs):
+        n[0] += event == dispatch.BACKEND_COMPILE_EVENT
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    return n[0]
+
+
+def test_moving_a_new_shape_compiles_nothing():
+    """``.to("tpu")`` starts with an ``empty`` of the destination: made from host zeros, not
+    an XLA program per new shape and dtype."""
+    xs = [torch.randn(3, 7, 11), torch.arange(13, dtype=torch.int16), torch.randn(5, 2).to(torch.bfloat16)]
+    moved = []
+    assert _backend_compiles(lambda: moved.extend(x.to("tpu") for x in xs)) == 0
+    for x, t in zip(xs, moved):
+        assert t.dtype == x.dtype and torch.equal(t.cpu(), x)
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.empty(2, 3, 4, 5, device=d, memory_format=torch.channels_last),
+    lambda d: torch.empty_strided((2, 3), (1, 2), device=d),          # transposed
+    lambda d: torch.empty_strided((2, 3), (4, 1), device=d),          # gaps between rows
+    lambda d: torch.empty_permuted((2, 3, 4), (2, 0, 1), device=d),
+    lambda d: torch.empty(0, 3, dtype=torch.bfloat16, device=d),
+    lambda d: torch.empty(2048, 1024, device=d),                      # over HOST_MAX_BYTES
+])
+def test_empty_has_torch_layout_and_takes_writes(make):
+    cpu, tpu = make("cpu"), make("tpu")
+    assert (tpu.shape, tpu.stride(), tpu.dtype) == (cpu.shape, cpu.stride(), cpu.dtype)
+    if cpu.numel():   # (an empty tpu tensor's storage holds one byte, as every tpu storage does)
+        assert tpu.untyped_storage().nbytes() == cpu.untyped_storage().nbytes()
+    src = torch.arange(cpu.numel(), dtype=torch.float32).view(cpu.shape).to(cpu.dtype)
+    assert torch.equal(tpu.copy_(src).cpu(), cpu.copy_(src))
+    assert torch.equal((tpu + 1).cpu(), cpu + 1)
+
+
 def test_transfers_and_dtypes():
     x = torch.randn(3, 4)
     t = x.to("tpu")

@@ -81,6 +81,12 @@ def test_empty_has_torch_layout_and_takes_writes(make):
     assert torch.equal((tpu + 1).cpu(), cpu + 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.complex32])
+def test_empty_of_a_dtype_jax_lacks_says_so(dtype):
+    with pytest.raises(TypeError, match="has no JAX equivalent on the tpu device"):
+        torch.empty(3, dtype=dtype, device="tpu")
+
+
 def test_transfers_and_dtypes():
     x = torch.randn(3, 4)
     t = x.to("tpu")

@@ -18,6 +18,7 @@ from tpu_kernels import devices, lazy, strided
 from tpu_kernels.dispatch import graph_trace, run_call
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.registry import runtime_handler
+from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_jax
 from tpu_kernels.tensor import TpuTensor
 
@@ -29,6 +30,7 @@ def empty(op, args, kwargs):
     if graph_trace.active() is not None or lazy.recording():
         return run_call(op, args, kwargs)
     meta = op(*args, **{**kwargs, "device": "meta", "pin_memory": None})
+    to_jax_dtype(meta.dtype)   # torch's dtypes JAX lacks (float8, complex32) raise here, by name
     if meta.untyped_storage().nbytes() > HOST_MAX_BYTES:
         return run_call(op, args, kwargs)
     shape, stride, index = tuple(meta.shape), meta.stride(), devices.index(kwargs.get("device"))

@@ -38,19 +38,12 @@ def test_factories(factory):
 
 
 def _backend_compiles(fn) -> int:
-    """How many XLA executables ``fn()`` compiled."""
-    import jax
-    from jax._src import dispatch
-    n = [0]
-
-    def count(event, duration, **kwargs):
-        n[0] += event == dispatch.BACKEND_COMPILE_EVENT
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
-        fn()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
-    return n[0]
+    """How many XLA executables ``fn()`` compiled (``code_memory`` counts each one built)."""
+    from tpu_kernels import code_memory
+    assert code_memory.STATE.installed, "code_memory's compile listener is not installed"
+    start = code_memory.STATE.built
+    fn()
+    return code_memory.STATE.built - start
 
 
 def test_moving_a_new_shape_compiles_nothing():
@@ -61,6 +54,17 @@ def test_moving_a_new_shape_compiles_nothing():
     assert _backend_compiles(lambda: moved.extend(x.to("tpu") for x in xs)) == 0
     for x, t in zip(xs, moved):
         assert t.dtype == x.dtype and torch.equal(t.cpu(), x)
+
+
+def test_a_shape_moved_every_step_compiles_its_empty_once():
+    """A shape moved again and again (a loader's batch) takes the compiled ``empty`` after
+    ``HOST_CALLS`` host-made ones: one compile, then calls cheaper than a host copy."""
+    from tpu_kernels.runtime_ops.empty import HOST_CALLS
+    x = torch.randn(3, 5, 17)
+    assert _backend_compiles(lambda: [x.to("tpu") for _ in range(HOST_CALLS)]) == 0
+    moved = []
+    assert _backend_compiles(lambda: moved.extend(x.to("tpu") for _ in range(3))) == 1
+    assert all(torch.equal(t.cpu(), x) for t in moved)
 
 
 @pytest.mark.parametrize("make", [

@@ -227,3 +227,58 @@ def test_registry_settings_are_part_of_the_program_key():
     assert ("aten._softmax.default", "helion") in prog.impls, prog.impls
     close(cf(x.to("tpu")), f(x))
     assert prog.traces == 2 and prog.calls == 3
+
+
+class _ScaledNorm(nn.Module):
+    """Python float attributes, as an RMSNorm's eps: under ``dynamic=True`` Dynamo passes
+    them as SymFloats, a float64 scalar the graph converts (``prims.convert_element_type``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eps, self.scale = 1e-6, 0.5
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+
+def test_dynamic_shapes_and_python_floats():
+    """``torch.compile(..., dynamic=True)``: one Dynamo graph for every size and every value
+    of a Python float argument, matching CPU (an XLA program has static shapes, so the
+    graph is traced once per size it meets, and not again per float value)."""
+    m = _ScaledNorm()
+    cm = torch.compile(m, backend="tpu", dynamic=True)
+    start = len(compile_backend.PROGRAMS)
+    for n in (3, 5, 3):
+        x = torch.randn(n, 8)
+        close(cm(x.to("tpu")), m(x))
+    (prog,) = compile_backend.PROGRAMS[start:]
+    assert prog.traces == 2 and prog.calls == 3
+    f = lambda x, s: x * s + 1.5  # noqa: E731
+    cf = torch.compile(f, backend="tpu", dynamic=True)
+    start = len(compile_backend.PROGRAMS)
+    for s in (0.5, 2.0, -3.25):
+        x = torch.randn(4)
+        close(cf(x.to("tpu"), s), f(x, s))
+    (prog,) = compile_backend.PROGRAMS[start:]
+    assert prog.traces == 1 and prog.calls == 3
+
+
+def test_new_sizes_reuse_the_dynamic_graph():
+    """Default ``torch.compile``: a second size recompiles with dynamic sizes (Dynamo's
+    automatic dynamic shapes) and later sizes reuse that graph. This library's own ops (the
+    fused cross entropy here) give symbolic result sizes; a fake impl that fixed each size
+    recompiled per size until Dynamo's recompile limit left the function to run eagerly."""
+    cpu, tpu = pair(nn.Linear(8, 5))
+    f = lambda m, x, y: F.cross_entropy(m(x), y)  # noqa: E731
+    cf = torch.compile(f, backend="tpu")
+    start = len(compile_backend.PROGRAMS)
+    for n in (3, 4, 5, 6):
+        x, y = torch.randn(n, 8), torch.randint(0, 5, (n,))
+        got, want = cf(tpu, x.to("tpu"), y.to("tpu")), f(cpu, x, y)
+        close(got, want)
+        got.backward()
+        want.backward()
+        grads_close(tpu, cpu)
+    programs = compile_backend.PROGRAMS[start:]
+    assert [(p.role, p.traces) for p in programs] == [("forward", 1), ("backward", 1), ("forward", 3), ("backward", 3)]
+    assert any(op == "tpu_kernels.cross_entropy.default" for op, _ in programs[2].impls), programs[2].impls

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, optimization_hint
 
 from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
@@ -269,15 +269,30 @@ def _restride(out: Any, val: Any) -> Any:
     """``out`` laid out with ``val``'s strides, if it is a new dense tensor that differs."""
     if not isinstance(out, TpuTensor) or not isinstance(val, torch.Tensor) or out.dim() == 0:
         return out
-    try:
-        stride = tuple(int(s) for s in val.stride())
-    except TypeError:         # symbolic strides: nothing to match
-        return out
+    if any(isinstance(n, torch.SymInt) for n in (*val.shape, *val.stride())):
+        val = _concrete_like(val, tuple(out.shape))
+        if val is None:
+            return out
+    stride = val.stride()
     if out.stride() == stride or out.storage_offset() != 0 or out._tpu_storage.numel != out.numel():
         return out
     if strided.memory_order(tuple(out.shape), stride) is None:
         return out
     return wrap_result(read(out), val)
+
+
+def _concrete_like(val: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """A meta tensor of ``shape`` laid out in the memory order of ``val``, a result traced
+    with symbolic sizes (``dynamic=True``): its dims' order at the sizes it was traced
+    with (None if that is not dense)."""
+    hint = [tuple(optimization_hint(n) for n in t) for t in (val.shape, val.stride())]
+    order = strided.memory_order(*hint)
+    if order is None:
+        return None
+    stride, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        stride[d], acc = acc, acc * max(shape[d], 1)
+    return torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
 
 
 def _output_layout(inputs: list[Storage], arrays: tuple, result: Any,

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import jax
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from tpu_kernels.registry.core import REGISTRY, Impl
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
@@ -77,7 +79,9 @@ def declare_op(name: str, signature: Callable, *, reference: Callable | None = N
     lib = _lib(ns)
     lib.define(opname + schema)
     op = getattr(getattr(torch.ops, ns), opname).default
-    lib.impl(opname, fake or _fake_from_closing_impl(op), "Meta")
+    # a fake impl (run under FakeTensorMode, so torch code in it sees symbolic sizes), also
+    # the op's Meta kernel
+    torch.library.register_fake(qualname, fake or _fake_from_closing_impl(op, reference), lib=lib)
     if reference is not None:
         lib.impl(opname, reference, "CPU")
     _register_autograd(ns, opname, op, schema, reference, backward, tuple(backward_static))
@@ -100,9 +104,17 @@ def add_impl(op: Any, fn: Callable, kind: str, name: str, supports: Callable | N
 
 
 # -- fake (meta) impls -------------------------------------------------------------------
-def _fake_from_closing_impl(op: Any) -> Callable:
-    """Result metadata from ``jax.eval_shape`` of the op's closing impl on abstract inputs."""
+def _fake_from_closing_impl(op: Any, reference: Callable | None = None) -> Callable:
+    """Result metadata from ``jax.eval_shape`` of the op's closing impl on abstract inputs;
+    for inputs with symbolic sizes (``torch.compile(dynamic=True)``), from ``reference``
+    run on the fake tensors when it can: JAX's shapes are integers, so eval_shape would fix
+    every symbolic size to its current value (a recompile for each new size)."""
     def fake(*args, **kwargs):
+        if reference is not None and any(_symbolic(t) for t in _tensors(args, kwargs)):
+            try:
+                return reference(*args, **kwargs)
+            except _DATA_DEPENDENT:     # a reference that reads values: sizes fixed below
+                pass
         jax_fn = closing_impl(op)
         device = next((a.device for a in _tensors(args, kwargs)), torch.device("meta"))
         a, kw = _abstract(args), {k: _abstract(v) for k, v in kwargs.items()}
@@ -118,6 +130,13 @@ def _fake_from_closing_impl(op: Any) -> Callable:
         return _empty_like_tree(out, device)
     fake.__name__ = f"{op}_fake"
     return fake
+
+
+_DATA_DEPENDENT = (DataDependentOutputException, GuardOnDataDependentSymNode)
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(n, torch.SymInt) for n in t.shape)
 
 
 def _tensors(args, kwargs):

@@ -76,8 +76,10 @@ def zero_(self):
     return jnp.zeros_like(self)
 
 
-@xla("aten::clone", "aten::_to_copy", "aten::alias_copy", "aten::lift_fresh_copy")
-def clone(self, **kwargs):
+# prims::convert_element_type: compiled graphs with dynamic shapes carry a Python float
+# argument (a SymFloat) as a float64 scalar converted to the compute dtype
+@xla("aten::clone", "aten::_to_copy", "aten::alias_copy", "aten::lift_fresh_copy", "prims::convert_element_type")
+def clone(self, *args, **kwargs):
     return self.astype(out_dtype())
 
 

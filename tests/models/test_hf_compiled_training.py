@@ -164,3 +164,29 @@ def test_compiled_generate_with_the_dynamic_cache():
     assert torch.equal(got.cpu(), want)
     # prompt, first decode step, and the dynamic decode graph traced for cache lengths 9, 10
     assert sorted(p.traces for p in compile_backend.PROGRAMS[start:]) == [1, 1, 2]
+
+
+def test_llama_compiled_with_dynamic_shapes():
+    """``torch.compile(model, backend="tpu", dynamic=True, fullgraph=True)``: one graph for
+    every sequence length (the RMSNorm's eps comes in as a SymFloat, the rotary embedding
+    still reaches the rope kernel), logits and gradients matching CPU at each length."""
+    make, _ = MODELS["llama"]
+    torch.manual_seed(0)
+    cpu = make().train()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu", dynamic=True, fullgraph=True)
+    start = len(compile_backend.PROGRAMS)
+    for length in (8, 12):
+        ids = torch.randint(0, V, (2, length))
+        want = cpu(ids, labels=ids)
+        got = compiled(ids.to("tpu"), labels=ids.to("tpu"))
+        torch.testing.assert_close(got.logits.cpu(), want.logits, **TOL)
+        want.loss.backward()
+        got.loss.backward()
+        for (n, p), q in zip(tpu.named_parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL, msg=lambda m: f"{n} at length {length}: {m}")
+    forward, backward = compile_backend.PROGRAMS[start:]
+    assert (forward.role, backward.role) == ("forward", "backward")
+    # one program each, traced once per length (XLA's shapes are static)
+    assert (forward.traces, backward.traces) == (2, 2)
+    assert any(op == "tpu_kernels.rope.default" for op, _ in forward.impls), forward.impls

@@ -108,10 +108,14 @@ def rope(graph: fx.Graph, node: fx.Node) -> list[fx.Node]:
         first, last = sorted((node, other), key=position)
         if any(position(u) < position(last) for u in first.users):
             return []              # the first rotation is used before the second exists
-        s, d = shape(q[0])[-2:]
+        d = shape(q[0])[-1]
+        if not isinstance(d, int):
+            return []              # a symbolic head size (dynamic shapes): left to the ops
         with graph.inserting_before(last):
-            cos = graph.call_method("reshape", (q[1], s, d))
-            sin = graph.call_method("reshape", (q[2], s, d))
+            # [s, d]: the leading dims are 1s, and s may be symbolic (dynamic shapes), so
+            # it is left to reshape rather than written into the graph as a raw SymInt
+            cos = graph.call_method("reshape", (q[1], -1, d))
+            sin = graph.call_method("reshape", (q[2], -1, d))
             both = graph.call_function(torch.ops.tpu_kernels.rope.default, (q[0], k[0], cos, sin, q[3]))
             q_out = graph.call_function(operator.getitem, (both, 0))
             k_out = graph.call_function(operator.getitem, (both, 1))

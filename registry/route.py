@@ -89,9 +89,17 @@ def decomposition(op: Any) -> Impl | None:
     fn = decomposition_table.get(op)
     if fn is not None:
         return Impl(op, fn, "decomp", "torch._decomp")
-    if _has_kernel(op, "CompositeImplicitAutograd"):
+    if composite_implicit(op):
         return Impl(op, op.decompose, "decomp", "CompositeImplicitAutograd")
     return None
+
+
+def composite_implicit(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel: torch decomposes it above the
+    tpu tensor's dispatch, except where autograd's keys are off (inference mode), which
+    hands it over whole (``aten.to``, ``contiguous``, ``reshape``: they may copy, so they
+    are decomposed, not taken as views)."""
+    return _has_kernel(op, "CompositeImplicitAutograd")
 
 
 def _has_kernel(op: Any, key: str) -> bool:

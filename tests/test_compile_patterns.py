@@ -282,3 +282,73 @@ def test_new_sizes_reuse_the_dynamic_graph():
     programs = compile_backend.PROGRAMS[start:]
     assert [(p.role, p.traces) for p in programs] == [("forward", 1), ("backward", 1), ("forward", 3), ("backward", 3)]
     assert any(op == "tpu_kernels.cross_entropy.default" for op, _ in programs[2].impls), programs[2].impls
+
+
+def test_activation_checkpointing_recomputes_the_same_dropout():
+    """``torch.utils.checkpoint`` in a compiled function: the backward program recomputes
+    the region, and its dropout draws the mask the forward drew (AOTAutograd wraps the two
+    in ``run_and_save_rng_state`` / ``run_with_rng_state``)."""
+    from torch.utils.checkpoint import checkpoint
+    w = torch.randn(64)
+    wt = w.to("tpu")
+    f = torch.compile(lambda x: checkpoint(lambda t: F.dropout(t, 0.5) * wt, x, use_reentrant=False),
+                      backend="tpu")
+    start = len(compile_backend.PROGRAMS)
+    x = torch.randn(8, 64).to("tpu").requires_grad_()
+    y = f(x)
+    y.sum().backward()
+    forward, backward = compile_backend.PROGRAMS[start:]
+    assert any(n.target is torch.ops.higher_order.run_with_rng_state for n in backward.gm.graph.nodes)
+    kept = y.detach().cpu() != 0
+    assert 0.3 < kept.float().mean() < 0.7
+    close(x.grad, torch.where(kept, 2 * w.expand(8, 64), 0.0))
+
+
+def test_rng_state_hops_op_by_op():
+    """The same two ops run eagerly (a graph run op by op): the saved state replays the
+    draw, and the generator goes on from where the first draw left it."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    x = torch.full((256,), 0.5, device="tpu")
+    state, first = run_and_save_rng_state(torch.ops.aten.bernoulli.default, x)
+    assert state.device.type == "tpu" and state.dtype == torch.uint8
+    again = run_with_rng_state(state.cpu(), torch.ops.aten.bernoulli.default, x)
+    after = torch.bernoulli(x)
+    close(again, first.cpu())
+    assert not torch.equal(after.cpu(), first.cpu())
+
+
+def test_compiled_under_inference_mode():
+    """A compiled model called under ``torch.inference_mode()`` (an evaluation loop): a
+    padding mask cast with ``.to(bool)`` and views of the parameters, matching CPU."""
+    cpu, tpu = pair(nn.Linear(8, 8))
+
+    def f(m, x, mask):
+        h = m(x).masked_fill(~mask.to(torch.bool)[..., None], 0.0)
+        return h.transpose(0, 1).reshape(-1, 8) @ m.weight.t()
+    cf = torch.compile(f, backend="tpu")
+    x, mask = torch.randn(2, 5, 8), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with torch.inference_mode():
+        close(cf(tpu, x.to("tpu"), mask.to("tpu")), f(cpu, x, mask))
+
+
+def test_a_whole_training_step_compiled():
+    """``torch.compile(step)`` where the step runs the forward, ``loss.backward()``,
+    ``clip_grad_norm_`` and ``opt.step()``: Dynamo breaks the graph at the backward, and
+    the compiled graph's backward that the autograd engine then calls runs as it is
+    (Dynamo must not compile its frame). Three steps match CPU."""
+    cpu, tpu = pair(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)))
+
+    def step(m, opt, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        return loss
+    opt_cpu, opt_tpu = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, tpu))
+    compiled = torch.compile(step, backend="tpu")
+    for _ in range(3):
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        close(compiled(tpu, opt_tpu, x.to("tpu"), y.to("tpu")), step(cpu, opt_cpu, x, y), atol=1e-5, rtol=1e-4)
+    for a, b in zip(tpu.parameters(), cpu.parameters()):
+        close(a.detach(), b.detach(), atol=1e-5, rtol=1e-4)

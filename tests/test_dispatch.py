@@ -286,3 +286,29 @@ def test_a_view_from_the_fast_index_is_the_view_first_made():
     empty = torch.empty(0, 3, device="tpu")
     for _ in range(2):      # an empty view keeps a torch storage torch.compile need not resize
         assert empty.t().untyped_storage().nbytes() > 0
+
+
+def test_inference_mode():
+    """Under ``torch.inference_mode()``: a view of a normal tensor is a normal tensor
+    sharing its base's version counter (torch's rule), while a view of an inference tensor
+    is one; composite ops that may copy (``to``, ``contiguous``, ``reshape``), which
+    inference mode hands to the device whole, decompose as in plain eager; ``.item()``
+    works; values match CPU."""
+    x = torch.arange(12.0).reshape(3, 4)
+    xt = x.to("tpu")
+    with torch.inference_mode():
+        v = xt.unsqueeze(0).expand(2, 3, 4)
+        assert not v.is_inference()
+        y = xt + 1
+        assert y.is_inference() and y.t().is_inference()
+        got = [v, y.t().contiguous(), xt.t().reshape(12), xt.to(torch.bool), xt.to(torch.int32).narrow(1, 1, 2),
+               xt.flatten(), xt.unflatten(1, (2, 2))]
+        want = [x.unsqueeze(0).expand(2, 3, 4), (x + 1).t().contiguous(), x.t().reshape(12), x.to(torch.bool),
+                x.to(torch.int32).narrow(1, 1, 2), x.flatten(), x.unflatten(1, (2, 2))]
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.stride() == w.stride()
+            assert torch.equal(g.cpu(), w)
+        assert xt.sum().item() == 66.0
+    v2 = xt.view(12)
+    xt.add_(1)                      # a normal tensor's views still see its writes
+    assert torch.equal(v2.cpu(), x.view(12) + 1)

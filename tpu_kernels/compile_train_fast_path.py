@@ -168,7 +168,11 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
             return tuple(outs[:n_out])
 
         @staticmethod
+        @torch._dynamo.disable(reason="a compiled graph's backward: it runs the compiled program")
         def backward(ctx: Any, *grads: Any) -> tuple:
+            # disabled: when a compiled function calls loss.backward() (a graph break), the
+            # autograd engine calls this with Dynamo's frame hook still set, and Dynamo would
+            # compile this frame (AOTAutograd's own backward lives in torch, which Dynamo skips)
             if nondeterministic and torch.are_deterministic_algorithms_enabled():
                 raise RuntimeError("This compiled backward function is being run with "
                                    "torch.use_deterministic_algorithms(True), but it was compiled "

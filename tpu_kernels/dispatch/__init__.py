@@ -27,12 +27,12 @@ from tpu_kernels.dispatch.meta import meta_args
 from tpu_kernels.dispatch.run import run, run_call
 from tpu_kernels.dispatch.views import run_view
 from tpu_kernels.registry import register_runtime, register_runtime_rule, route
-from tpu_kernels.registry.route import VIEW_RULE
+from tpu_kernels.registry.route import VIEW_RULE, composite_implicit
 
 # the old name of register_runtime (handlers registered with it are runtime impls now)
 register_special = register_runtime
 
-register_runtime_rule(VIEW_RULE, lambda op: op.is_view, run_view)
+register_runtime_rule(VIEW_RULE, lambda op: op.is_view and not composite_implicit(op), run_view)
 # Dynamo must never trace the runtime itself (it would trace into JAX), so under
 # torch.compile each tpu op runs here eagerly, as a graph break: the tensor's hook calls
 # this guarded entry while Dynamo compiles or a compiled function runs, and ``run`` itself

@@ -37,11 +37,24 @@ class GraphTrace:
     random_ops: int = 0            # random ops traced so far (each takes the next counter)
     checks: list = dataclasses.field(default_factory=list)   # (flags, op, checks) per checked op
     torch_strides: bool = True     # results take the strides torch's meta functions give
+    replay_key: jax.Array | None = None   # the key every random op takes while set
 
     def next_key_data(self) -> jax.Array:
+        if self.replay_key is not None:
+            return self.replay_key
         kd = self.key_data + jnp.array([0, 0, self.random_ops], jnp.uint32)
         self.random_ops += 1
         return kd
+
+    @contextlib.contextmanager
+    def replaying_key(self, key_data: jax.Array) -> Iterator[None]:
+        """Random ops take ``key_data`` (an op recomputed from a saved generator state:
+        ``runtime_ops/checkpoint_rng.py``)."""
+        old, self.replay_key = self.replay_key, key_data
+        try:
+            yield
+        finally:
+            self.replay_key = old
 
     def add_checks(self, flags: Any, op: str, checks: list) -> None:
         self.checks.append((flags, op, checks))

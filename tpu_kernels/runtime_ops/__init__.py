@@ -3,9 +3,11 @@
 hidden running-stats update (``batch_norm``), convolution results' memory format
 (``conv_layout``), in-place metadata changes
 (``metadata_ops``), ``empty`` made from host zeros (``empty``), composite calls caught above autograd (``fused_composites``,
-``rms_norm``).
+``rms_norm``), random ops recomputed by activation checkpointing (``checkpoint_rng``).
 Importing the package registers them all.
 """
-from tpu_kernels.runtime_ops import batch_norm, conv_layout, copies, empty, fused_composites, metadata_ops, rms_norm
+from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, conv_layout, copies, empty, fused_composites,
+                                     metadata_ops, rms_norm)
 
-__all__ = ["batch_norm", "conv_layout", "copies", "empty", "fused_composites", "metadata_ops", "rms_norm"]
+__all__ = ["batch_norm", "checkpoint_rng", "conv_layout", "copies", "empty", "fused_composites", "metadata_ops",
+           "rms_norm"]

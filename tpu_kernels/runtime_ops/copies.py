@@ -14,7 +14,7 @@ from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, value, write
 
 
-@runtime_handler("aten::_local_scalar_dense")
+@runtime_handler("aten::_local_scalar_dense", "aten::item")   # item: whole under inference mode
 def local_scalar_dense(op, args, kwargs):
     errors.raise_pending()
     return value(args[0]).item()

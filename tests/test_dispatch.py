@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tpu_kernels import dispatch, registry
 from tpu_kernels.registry import tpu_kernel, unregister
@@ -309,6 +310,12 @@ def test_inference_mode():
             assert g.dtype == w.dtype and g.stride() == w.stride()
             assert torch.equal(g.cpu(), w)
         assert xt.sum().item() == 66.0
+        labels = torch.tensor([[0, 2], [1, 3]])
+        for n in (5, -1):      # one_hot comes whole too: an impl, and its decomposition for -1
+            assert torch.equal(F.one_hot(labels.to("tpu"), n).cpu(), F.one_hot(labels, n))
+        with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+            F.one_hot(labels.to("tpu"), 3).cpu()
+        assert xt.detach_() is xt
     v2 = xt.view(12)
     xt.add_(1)                      # a normal tensor's views still see its writes
     assert torch.equal(v2.cpu(), x.view(12) + 1)

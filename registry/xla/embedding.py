@@ -1,4 +1,4 @@
-"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag.
+"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag, one_hot.
 
 Out-of-range indices follow ``_index.py``: reads fill 0, writes drop, a deferred check raises as torch.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._index import in_range, read
 
@@ -66,3 +66,16 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         out = out / jnp.maximum(count, 1)[:, None].astype(acc)
     bag_size = sizes if mode == 1 else jnp.zeros_like(sizes)
     return out.astype(dt), bag, bag_size, jnp.zeros(out_shape(3), jnp.int64)
+
+
+def _static_classes(self, num_classes=-1):
+    return None if num_classes >= 0 else "num_classes=-1: the class count depends on the values (decomposed)"
+
+
+# one_hot is decomposed above the device in plain eager and compiled graphs; inference mode
+# (autograd's keys off) hands it over whole
+@xla("aten::one_hot", static=("num_classes",), supports=_static_classes)
+def one_hot(self, num_classes=-1):
+    check(self >= 0, "Class values must be non-negative.", RuntimeError)
+    check(self < num_classes, "Class values must be smaller than num_classes.", RuntimeError)
+    return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(jnp.int64)

@@ -288,10 +288,11 @@ def localise(case: Case, train: bool, tol: tuple[float, float]) -> str:
 
 
 # -- the two checks ---------------------------------------------------------------------------
-def check_forward(case: Case) -> None:
+def check_forward(case: Case, inference_mode: bool = False) -> None:
+    """The forward on CPU and tpu under ``torch.no_grad()`` (or ``torch.inference_mode()``)."""
     cpu, tpu, inputs = _pair(case, train=False)
     pick = case.output or default_output
-    with torch.no_grad():
+    with torch.inference_mode() if inference_mode else torch.no_grad():
         expected = pick(cpu(**inputs))
         actual = _run_tpu(case, "forward", lambda: pick(tpu(**_to(inputs, "tpu"))))
     why = _compare(expected, actual, case.fwd_tol)

@@ -1,5 +1,6 @@
 """In-place ops that change a tensor's metadata, not its values: ``as_strided_``,
-``squeeze_``, ``unsqueeze_``, ``transpose_``, ``t_``, ``swapdims_``, ``resize_``, ``resize_as_``.
+``squeeze_``, ``unsqueeze_``, ``transpose_``, ``t_``, ``swapdims_``, ``resize_``, ``resize_as_``,
+``detach_``.
 
 A lowering returns values; these ops instead re-point ``self`` at a new geometry of its
 storage (or, for a growing ``resize_``, at a new storage holding the old values first).
@@ -68,3 +69,10 @@ def resize_as_(op, args, kwargs):
 def compatible_shallow_copy(op, args, kwargs):
     """``t.data = other`` asks this: tpu tensors swap metadata among themselves."""
     return all(isinstance(a, TpuTensor) for a in args[:2])
+
+
+@runtime_handler("aten::detach_")
+def detach_(op, args, kwargs):
+    """Autograd's own work (handled above the device), except where autograd's keys are
+    off (inference mode), which hands the call here: the tensor itself."""
+    return args[0]

@@ -352,3 +352,18 @@ def test_a_whole_training_step_compiled():
         close(compiled(tpu, opt_tpu, x.to("tpu"), y.to("tpu")), step(cpu, opt_cpu, x, y), atol=1e-5, rtol=1e-4)
     for a, b in zip(tpu.parameters(), cpu.parameters()):
         close(a.detach(), b.detach(), atol=1e-5, rtol=1e-4)
+
+
+@torch.compiler.disable(recursive=False)
+def _eager_full(n: int, device: torch.device) -> torch.Tensor:
+    return torch.full((n,), 2.0, device=device)
+
+
+def test_factory_op_run_eagerly_inside_compiled_code():
+    """A frame Dynamo skips but whose calls it still compiles (``recursive=False``, as
+    ``nn.Transformer``'s mask helpers are reached after a graph break) makes a tpu tensor
+    with a factory op: the factory's kernel runs the runtime outside Dynamo (it used to
+    compile the runtime's and JAX's frames, and failed inside ``jnp.full``)."""
+    x = torch.randn(4)
+    f = lambda t: t + _eager_full(t.shape[0], t.device)  # noqa: E731
+    close(torch.compile(f, backend="tpu")(x.to("tpu")), x + 2)

@@ -2,6 +2,8 @@
 ``F.scaled_dot_product_attention`` on tpu tensors with CPU torch."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -192,3 +194,48 @@ def test_pallas_flash_attention_refuses_value_head_dim_with_reason():
     pallas = [i for i in REGISTRY.impls(op) if i.kind == "pallas"]
     assert pallas and "value head_dim" in pallas[0].check(q, k, v)
     assert pallas[0].check(q, k, torch.empty(2, 4, 128, 64, device="meta")) is None
+
+
+def _masks(kind: str, b: int, l: int):
+    """(attn_mask [l, l], key_padding_mask [b, l]) of a kind: none, padding, causal, both, float."""
+    causal = torch.triu(torch.ones(l, l, dtype=torch.bool), 1)
+    pad = torch.zeros(b, l, dtype=torch.bool)
+    pad[0, l - 2:] = True
+    return {"none": (None, None), "padding": (None, pad), "causal": (causal, None), "both": (causal, pad),
+            "float": (causal.float() * -1e4, None)}[kind]
+
+
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "both", "float"])
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_inference_fast_path(masks, norm_first, activation):
+    """``nn.TransformerEncoderLayer`` in eval mode without autograd takes torch's fast path
+    (``aten._transformer_encoder_layer_fwd``, its attention ``_native_multi_head_attention``)
+    on tpu as on CPU: the same outputs for every mask kind and both layer layouts."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, batch_first=True,
+                                             norm_first=norm_first).eval()
+    tpu = copy.deepcopy(layer).to("tpu")
+    x = _rand(2, 6, 16)
+    attn_mask, pad = _masks(masks, 2, 6)
+    def on(t):
+        return None if t is None else t.to("tpu")
+    with torch.inference_mode():
+        want = layer(x, src_mask=attn_mask, src_key_padding_mask=pad)
+        got = tpu(x.to("tpu"), src_mask=on(attn_mask), src_key_padding_mask=on(pad))
+    assert_same(want, got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_multihead_attention_inference_fast_path(average):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    tpu = copy.deepcopy(mha).to("tpu")
+    q, kv = _rand(2, 5, 16), _rand(2, 7, 16, seed=1)
+    _, pad = _masks("padding", 2, 7)
+    with torch.no_grad():
+        want = mha(q, kv, kv, key_padding_mask=pad, average_attn_weights=average)
+        got = tpu(q.to("tpu"), kv.to("tpu"), kv.to("tpu"), key_padding_mask=pad.to("tpu"),
+                  average_attn_weights=average)
+        assert_same(want[0], got[0], atol=1e-5, rtol=1e-5)
+        assert_same(want[1], got[1], atol=1e-5, rtol=1e-5)
+        assert tpu(q.to("tpu"), kv.to("tpu"), kv.to("tpu"), need_weights=False)[1] is None

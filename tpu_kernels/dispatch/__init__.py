@@ -16,7 +16,6 @@ registry, and the factories' PrivateUse1 kernels.
 """
 from __future__ import annotations
 
-import torch
 
 from tpu_kernels import memory as device_memory
 from tpu_kernels import tensor as _tensor
@@ -24,7 +23,7 @@ from tpu_kernels.dispatch.cache import TRACES, cache_info, clear_cache, op_count
 from tpu_kernels.dispatch.factories import install_factories
 from tpu_kernels.dispatch.fallback import defer_error
 from tpu_kernels.dispatch.meta import meta_args
-from tpu_kernels.dispatch.run import run, run_call
+from tpu_kernels.dispatch.run import guarded_run, run, run_call
 from tpu_kernels.dispatch.views import run_view
 from tpu_kernels.registry import register_runtime, register_runtime_rule, route
 from tpu_kernels.registry.route import VIEW_RULE, composite_implicit
@@ -33,15 +32,7 @@ from tpu_kernels.registry.route import VIEW_RULE, composite_implicit
 register_special = register_runtime
 
 register_runtime_rule(VIEW_RULE, lambda op: op.is_view and not composite_implicit(op), run_view)
-# Dynamo must never trace the runtime itself (it would trace into JAX), so under
-# torch.compile each tpu op runs here eagerly, as a graph break: the tensor's hook calls
-# this guarded entry while Dynamo compiles or a compiled function runs, and ``run`` itself
-# otherwise (no frame callback is set: the guard's cost, about 1 us a call, is skipped).
-# torch._disable_dynamo is torch's own lazy torch._dynamo.disable: Dynamo is imported at
-# the first guarded call (when torch.compile has loaded it anyway), not with this package.
-_guarded_run = torch._disable_dynamo(run, recursive=True)
-
-_tensor.install_dispatch(run, _guarded_run, defer_error)
+_tensor.install_dispatch(run, guarded_run, defer_error)
 install_factories()
 device_memory.on_empty_cache(clear_cache)   # torch.tpu.empty_cache() drops cached executables
 

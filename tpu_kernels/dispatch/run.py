@@ -377,3 +377,13 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
         else:
             errors.watch(flags, str(op), compiled.fn.checks)
     return out
+
+
+# Dynamo must never trace the runtime itself (it would trace into JAX), so under
+# torch.compile each tpu op runs here eagerly, as a graph break: the tensor's hook and the
+# factory kernels call this guarded entry while Dynamo compiles or a compiled function
+# runs (its graph breaks' eager code), and ``run`` itself otherwise (no frame callback is
+# set: the guard's cost, about 1 us a call, is skipped). torch._disable_dynamo is torch's
+# own lazy torch._dynamo.disable: Dynamo is imported at the first guarded call (when
+# torch.compile has loaded it anyway), not with this package.
+guarded_run = torch._disable_dynamo(run, recursive=True)

@@ -3,11 +3,13 @@
 hidden running-stats update (``batch_norm``), convolution results' memory format
 (``conv_layout``), in-place metadata changes
 (``metadata_ops``), ``empty`` made from host zeros (``empty``), composite calls caught above autograd (``fused_composites``,
-``rms_norm``), random ops recomputed by activation checkpointing (``checkpoint_rng``).
+``rms_norm``), random ops recomputed by activation checkpointing (``checkpoint_rng``),
+``nn.MultiheadAttention``/``nn.TransformerEncoderLayer``'s fused inference ops
+(``transformer_fastpath``).
 Importing the package registers them all.
 """
 from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, conv_layout, copies, empty, fused_composites,
-                                     metadata_ops, rms_norm)
+                                     metadata_ops, rms_norm, transformer_fastpath)
 
 __all__ = ["batch_norm", "checkpoint_rng", "conv_layout", "copies", "empty", "fused_composites", "metadata_ops",
-           "rms_norm"]
+           "rms_norm", "transformer_fastpath"]

@@ -7,8 +7,9 @@ by the random ops it is passed to (``torch.randn(..., generator=g)``).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -69,6 +70,25 @@ def take(n: int) -> tuple[int, int]:
         c, seed = _counter + 1, _seed
         _counter += n
     return seed, c
+
+
+def next_key_data() -> np.ndarray:
+    """The key data the device generator's next draw (``reserve(1)``) will hand out."""
+    with _lock:
+        return _key_data(_seed, _counter + 1)
+
+
+@contextlib.contextmanager
+def replaying(key_data: Any) -> Iterator[None]:
+    """The device generator's next draw hands out ``key_data`` (as ``next_key_data`` gave
+    it) and those after it follow; the generator's state is restored on exit."""
+    low, high, counter = (int(b) for b in np.asarray(key_data))
+    saved = get_state()
+    set_state((low | high << 32, counter - 1))
+    try:
+        yield
+    finally:
+        set_state(saved)
 
 
 def key_data(seed: int, counters: np.ndarray) -> np.ndarray:

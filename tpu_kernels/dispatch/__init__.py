@@ -16,7 +16,6 @@ registry, and the factories' PrivateUse1 kernels.
 """
 from __future__ import annotations
 
-
 from tpu_kernels import memory as device_memory
 from tpu_kernels import tensor as _tensor
 from tpu_kernels.dispatch.cache import TRACES, cache_info, clear_cache, op_counts

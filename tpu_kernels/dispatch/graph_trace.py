@@ -42,9 +42,13 @@ class GraphTrace:
     def next_key_data(self) -> jax.Array:
         if self.replay_key is not None:
             return self.replay_key
-        kd = self.key_data + jnp.array([0, 0, self.random_ops], jnp.uint32)
+        kd = self.peek_key_data()
         self.random_ops += 1
         return kd
+
+    def peek_key_data(self) -> jax.Array:
+        """The key the next random op will take (without taking it)."""
+        return self.key_data + jnp.array([0, 0, self.random_ops], jnp.uint32)
 
     @contextlib.contextmanager
     def replaying_key(self, key_data: jax.Array) -> Iterator[None]:

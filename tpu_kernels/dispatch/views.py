@@ -28,20 +28,13 @@ REINTERPRET: dict[Any, Callable] = {
 
 
 def run_view(op, args: tuple, kwargs: dict) -> Any:
-    if _inference_mode() and isinstance(args[0], torch.Tensor) and not args[0].is_inference():
+    base = args[0]
+    if _inference_mode() and not base.is_inference():
         # torch makes a view of a normal tensor a normal tensor sharing its base's version
         # counter, also under inference mode: a wrapper made there would be an inference
         # tensor, which torch refuses to give a version counter
         with torch.inference_mode(False):
-            return _run_view(op, args, kwargs)
-    return _run_view(op, args, kwargs)
-
-
-_inference_mode = torch.is_inference_mode_enabled
-
-
-def _run_view(op, args: tuple, kwargs: dict) -> Any:
-    base = args[0]
+            return run_view(op, args, kwargs)
     fast = _fast_key(op, base, args) if type(base) is TpuTensor and not kwargs else None
     if fast is not None:
         hit = cache.FAST_VIEWS.get(fast)
@@ -70,6 +63,9 @@ def _run_view(op, args: tuple, kwargs: dict) -> Any:
 
 
 _MAX_FAST_VIEWS = 1 << 16
+
+
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def _fast_key(op: Any, base: TpuTensor, args: tuple) -> tuple | None:

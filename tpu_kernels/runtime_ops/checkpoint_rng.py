@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
@@ -34,11 +33,7 @@ _KEY_BYTES = 12
 @run_and_save_rng_state.py_impl(TpuTensor)
 def _run_and_save(op: Callable, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     trace = graph_trace.active()
-    if trace is not None:     # the key the op is about to take from the program's key input
-        kd = trace.key_data + jnp.array([0, 0, trace.random_ops], jnp.uint32)
-    else:                     # the device generator's next counter
-        seed, counter = random_state.get_state()
-        kd = jnp.asarray(random_state.key_data(seed, np.array([counter + 1]))[0])
+    kd = trace.peek_key_data() if trace is not None else jnp.asarray(random_state.next_key_data())
     return _state_of(kd), op(*args, **kwargs)
 
 
@@ -46,16 +41,8 @@ def _run_and_save(op: Callable, *args: Any, **kwargs: Any) -> tuple[torch.Tensor
 def _run_with(state: torch.Tensor, op: Callable, *args: Any, **kwargs: Any) -> Any:
     kd = _key_of(state)
     trace = graph_trace.active()
-    if trace is not None:
-        with trace.replaying_key(kd):
-            return op(*args, **kwargs)
-    bits = np.asarray(kd, np.uint64)
-    saved = random_state.get_state()
-    random_state.set_state((int(bits[0] | (bits[1] << 32)), int(bits[2]) - 1))
-    try:
+    with trace.replaying_key(kd) if trace is not None else random_state.replaying(kd):
         return op(*args, **kwargs)
-    finally:
-        random_state.set_state(saved)
 
 
 def _state_of(kd: jax.Array) -> TpuTensor:

@@ -91,7 +91,12 @@ def capture(fn: Callable[..., Any], *args: Any) -> list[Graph]:
     # answer for this one: start from empty caches, as a fresh process would
     torch.compiler.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+    # A checkpointed layer (--remat) whose forward sets and resets a scoped variable
+    # (transformers >= 5.25 routes each attention call through one) is a side effect
+    # Dynamo refuses inside the checkpoint under fullgraph; the pair leaves no trace, so
+    # the recomputation need not replay it.
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+            torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
         try:
             compiled(*args)
         except _Stop:

@@ -21,6 +21,7 @@ import torch
 from tpu_kernels.registry.core import REGISTRY, Impl, Rule
 from tpu_kernels.registry.kinds import DEFAULT_PRIORITY
 from tpu_kernels.registry.opnames import base_name, namespace, resolve_overload
+from tpu_kernels.untraced import untraced
 
 Handler = Callable[[Any, tuple, dict], Any]
 _LIBS: dict[str, torch.library.Library] = {}
@@ -63,5 +64,7 @@ def _catch(op: Any, key: str) -> None:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return REGISTRY.runtime_handler(op).fn(op, args, kwargs)
-    lib.impl(name if op._overloadname == "default" else f"{name}.{op._overloadname}", kernel, key)
+    # untraced: torch calls the kernel from C++, and in the eager stretch of a compiled
+    # function (after a graph break) Dynamo would compile it, tracing the runtime
+    lib.impl(name if op._overloadname == "default" else f"{name}.{op._overloadname}", untraced(kernel), key)
     _CAUGHT.add((op, key))

@@ -367,3 +367,25 @@ def test_factory_op_run_eagerly_inside_compiled_code():
     x = torch.randn(4)
     f = lambda t: t + _eager_full(t.shape[0], t.device)  # noqa: E731
     close(torch.compile(f, backend="tpu")(x.to("tpu")), x + 2)
+
+
+def test_compiled_nn_transformer_trains_over_two_lengths():
+    """``nn.Transformer`` compiled: its causal-mask check (``.item()``) breaks the graph, so
+    the attention's fused composite kernel (caught at ``AutogradPrivateUse1``) runs in the
+    eager stretch, called by torch from C++. Dynamo used to compile that kernel as a frame
+    of its own and, once automatic dynamic shapes made it symbolic, failed building its
+    guards (a symbol of a tpu view's replay); the kernel is now never traced."""
+    torch.manual_seed(0)
+    cpu = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                         dim_feedforward=32, dropout=0.0, batch_first=True)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    cm = torch.compile(tpu, backend="tpu")
+    for s, t in ((6, 5), (7, 4)):
+        src, tgt = torch.randn(2, s, 16), torch.randn(2, t, 16)
+        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        got = cm(src.to("tpu"), tgt.to("tpu"), tgt_mask=mask.to("tpu"))
+        want = cpu(src, tgt, tgt_mask=mask)
+        close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        grads_close(tpu, cpu)

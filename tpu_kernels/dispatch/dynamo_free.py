@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Callable
+from typing import Callable
 
 import torch
+
+from tpu_kernels.untraced import until_dynamo
 
 # the modules whose functions torch's meta functions call directly (not through ops)
 _MODULES = ("torch._refs", "torch._prims", "torch._decomp", "torch._meta_registrations")
@@ -69,21 +71,10 @@ def _stand_in(inner: Callable) -> None:
         return   # not the wrapper this module knows: leave it alone
     fn, recursive = cells["fn"].cell_contents, cells["recursive"].cell_contents
     if getattr(fn, "__dynamo_disable", None) is None:
-        setattr(fn, "__dynamo_disable", _until_dynamo(fn, recursive))
+        setattr(fn, "__dynamo_disable", until_dynamo(fn, recursive))
         _GIVEN.append(fn)
 
 
 def standing() -> tuple[int, int]:
     """(functions given a stand-in, those whose stand-in has not yet been replaced)."""
     return len(_GIVEN), sum(getattr(f, "__dynamo_disable").__name__ == "_stand_in_call" for f in _GIVEN)
-
-
-def _until_dynamo(fn: Callable, recursive: bool) -> Callable:
-    def _stand_in_call(*args: Any, **kwargs: Any) -> Any:
-        dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is None or not hasattr(dynamo, "disable"):   # nothing can be tracing
-            return fn(*args, **kwargs)
-        real = dynamo.disable(fn, recursive, wrapping=False)
-        setattr(fn, "__dynamo_disable", real)
-        return real(*args, **kwargs)
-    return _stand_in_call

@@ -11,6 +11,8 @@ import tpu_kernels
 from tpu_kernels import bench, helion_kernels, pallas, registry
 
 LAYERS = [
+    # helpers over torch alone (untraced: functions Dynamo never traces, without importing it)
+    ("torch", ("tpu_kernels.untraced",)),
     ("kernels", ("tpu_kernels.pallas", "tpu_kernels.helion_kernels")),
     # spmd_kernels: the bindings' kernels partitioned per shard (custom_partitioning)
     # spmd_moe: the MoE experts op, expert-parallel per shard (all_to_all)

@@ -180,12 +180,6 @@ def mul(x, other):
     return mul_core(x, other, out_dtype())
 
 
-@xla("aten::mul.out")
-def mul_out(x, other, *, out):
-    # DDP's reducer scales each gradient into its bucket with it
-    return mul_core(x, other, out_dtype())
-
-
 @xla("aten::div.Tensor", "aten::div.Scalar", "aten::div.Tensor_mode", "aten::div.Scalar_mode")
 def div(x, other, *, rounding_mode=None):
     return div_core(x, other, out_dtype(), rounding_mode)

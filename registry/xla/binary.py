@@ -113,8 +113,3 @@ for _name in BINARY:
 for _name, _core in (("__lshift__", "bitwise_left_shift"), ("__rshift__", "bitwise_right_shift"),
                      ("__and__", "bitwise_and"), ("__or__", "bitwise_or"), ("__xor__", "bitwise_xor")):
     _register_binary(_name, binary_core(_core))
-
-
-@xla("aten::atan2.out")
-def atan2_out(x, other, *, out):
-    return binary_core("atan2")(x, other, out_dtype())

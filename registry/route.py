@@ -13,7 +13,8 @@ In order, the first that applies:
 3. ``twin``: an in-place op with no impl of its own runs its functional twin's impl
    (``add_`` runs ``add``'s) and writes the result back.
 4. ``decomp``: torch's decomposition (``torch._decomp``, or the op's
-   CompositeImplicitAutograd kernel) into ops that have routes of their own.
+   CompositeImplicitAutograd kernel, or an aten op's CompositeExplicitAutograd one:
+   torch's kernel for every backend) into ops that have routes of their own.
 5. ``cpu``: with ``TPU_KERNELS_CPU_FALLBACK=1``, the op runs on CPU copies.
 6. ``refused``: nothing runs; ``Route.error()`` names the op, each skipped impl's
    reason and the remedies.
@@ -29,6 +30,7 @@ parity tests and the bench all ask this function; nothing else decides where an 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -91,7 +93,16 @@ def decomposition(op: Any) -> Impl | None:
         return Impl(op, fn, "decomp", "torch._decomp")
     if composite_implicit(op):
         return Impl(op, op.decompose, "decomp", "CompositeImplicitAutograd")
+    if (op.namespace == "aten" and _has_kernel(op, "CompositeExplicitAutograd")
+            and not _has_kernel(op, "PrivateUse1")):
+        # torch's kernel for every backend, written in ATen ops (``_pack_padded_sequence``,
+        # ``randn_like(generator=)``): the device's own slot holds it, and its ops dispatch
+        # again. aten's only: a custom op's default impl is any Python, often CPU-bound
+        return Impl(op, functools.partial(op.redispatch, _DEVICE_KEYS), "decomp", "CompositeExplicitAutograd")
     return None
+
+
+_DEVICE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 
 
 def composite_implicit(op: Any) -> bool:

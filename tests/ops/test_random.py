@@ -198,3 +198,21 @@ def test_dropout_module_grad():
     y.sum().backward()
     kept = (y.detach().cpu() != 0)
     assert_same(kept.float() / 0.75, x.grad.cpu())
+
+
+def test_like_factories_with_a_generator():
+    """``randn_like(x, generator=g)`` and friends (no tpu impl of their own) run torch's
+    CompositeExplicitAutograd kernel: the result is drawn on tpu from ``g``."""
+    from tpu_kernels.registry import route
+    assert route(torch.ops.aten.randn_like.generator).impl.name == "CompositeExplicitAutograd"
+    x = torch.zeros(3, 4, device="tpu")
+    g = torch.Generator(device="tpu")
+    draws = []
+    for _ in range(2):
+        g.manual_seed(7)
+        draws.append((torch.randn_like(x, generator=g), torch.rand_like(x, generator=g),
+                      torch.randint_like(x, 10, generator=g)))
+    for a, b in zip(*draws):
+        assert a.device.type == "tpu" and a.shape == x.shape and a.dtype == x.dtype
+        assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(draws[0][0].cpu(), draws[0][1].cpu())

@@ -106,3 +106,26 @@ def test_direct_backward_ops_shapes():
     assert gg.shape == (3, 16) and gcx.shape == (3, 4) and gb.shape == (16,)
     gi, gh, ghx, gbi, gbh = aten._thnn_fused_gru_cell_backward(cx, torch.rand(3, 20).to("tpu"), False)
     assert gi.shape == gh.shape == (3, 12) and ghx.shape == (3, 4) and gbi is None and gbh is None
+
+
+def test_packed_sequences():
+    """``pack_padded_sequence`` (its ``lengths`` a CPU tensor by contract, as on CUDA) runs
+    torch's CompositeExplicitAutograd kernel on tpu tensors; an LSTM over the packed batch
+    and its gradients match CPU, and tpu ``lengths`` get torch's own error."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    torch.manual_seed(0)
+    cpu = torch.nn.LSTM(4, 6, batch_first=True)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    lengths = torch.tensor([5, 3, 2])
+    x = _rand(3, 5, 4, seed=3)
+    xt = x.detach().to("tpu").requires_grad_()
+    want, want_len = pad_packed_sequence(cpu(pack_padded_sequence(x, lengths, batch_first=True))[0], batch_first=True)
+    got, got_len = pad_packed_sequence(tpu(pack_padded_sequence(xt, lengths, batch_first=True))[0], batch_first=True)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1.3e-6)
+    assert got_len.tolist() == want_len.tolist()
+    want.pow(2).sum().backward()
+    got.pow(2).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-5, rtol=1.3e-6)
+    with pytest.raises(RuntimeError, match="'lengths' argument should be a 1D CPU int64 tensor"):
+        pack_padded_sequence(xt, lengths.to("tpu"), batch_first=True)

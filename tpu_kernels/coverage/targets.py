@@ -51,7 +51,8 @@ def _cpu_specific(op: Any) -> tuple[str, str] | None:
 
 
 _NOTES = {"torch._decomp": "torch._decomp decomposition",
-          "CompositeImplicitAutograd": "CompositeImplicitAutograd (decomposes above the tpu key)"}
+          "CompositeImplicitAutograd": "CompositeImplicitAutograd (decomposes above the tpu key)",
+          "CompositeExplicitAutograd": "CompositeExplicitAutograd (torch's kernel in ATen ops, run on tpu)"}
 
 
 def classify(op: Any) -> dict:

@@ -10,7 +10,8 @@ propagation apply them):
 - the index tensors of advanced indexing may be CPU tensors of any shape
   (``x[cpu_idx]``, ``x[cpu_idx] = v``: ``aten.index.Tensor`` and the ``index_put``
   family); they are copied to the device;
-- a ``_foreach_*`` op's ``scalars`` is a CPU tensor list by its contract;
+- a ``_foreach_*`` op's ``scalars`` is a CPU tensor list by its contract, and so is
+  ``_pack_padded_sequence``'s ``lengths`` (``nn.utils.rnn.pack_padded_sequence``);
 - any other CPU tensor (``index_select``/``gather`` indices, a CPU operand of ``mm`` or a
   non-0-dim ``add``) raises torch's "Expected all tensors to be on the same device";
 - so do tpu tensors on two tpu devices (``a_tpu0 + b_tpu1``): JAX would quietly move one
@@ -47,7 +48,7 @@ def cpu_arg_allowed(op: Any, name: str, t: torch.Tensor) -> bool:
         return False
     if name == "indices" and op in INDEX_OPS:
         return True
-    if name == "scalars":
+    if name == "scalars" or (name == "lengths" and op is aten._pack_padded_sequence.default):
         return True
     return t.dim() == 0 and op not in NO_CPU_SCALAR
 

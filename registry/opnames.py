@@ -73,9 +73,22 @@ def base_name(op: OpOverload) -> str:
 
 def functional_twin(op: OpOverload) -> OpOverload | None:
     """``aten::add`` for ``aten::add_`` (same overload), ``_foreach_add`` for
-    ``_foreach_add_``; None when ``op`` is not in place or has no twin."""
+    ``_foreach_add_``; None when ``op`` is not in place or has no twin. The twin takes
+    the same argument types: the same overload when it does, else the overload that does
+    (``pow_.Scalar(Tensor self, Scalar exponent)`` is ``pow.Tensor_Scalar``'s in-place
+    form; ``pow.Scalar`` takes a Scalar base)."""
     name = base_name(op)
     if not name.endswith("_") or name.startswith("__"):
         return None
     packet = getattr(getattr(torch.ops, namespace(op)), name[:-1], None)
-    return getattr(packet, op._overloadname, None) if packet is not None else None
+    if packet is None:
+        return None
+    want = _arg_types(op)
+    same = getattr(packet, op._overloadname, None)
+    if same is not None and _arg_types(same) == want:
+        return same
+    return next((o for o in (getattr(packet, n) for n in packet.overloads()) if _arg_types(o) == want), same)
+
+
+def _arg_types(op: OpOverload) -> tuple:
+    return tuple(str(a.type) for a in op._schema.arguments)

@@ -398,3 +398,24 @@ def test_inplace_and_out_variants():
     check(lambda x, y: x.clone().floor_divide_(y), a, b)
     check(lambda x: x.clone().floor_divide_(2), rand(4, 5, dtype=torch.int64, low=-9, high=9))
     check(lambda x, y: torch.atan2(x, y, out=torch.empty_like(x)), a, b)
+
+
+def test_in_place_ops_run_the_functional_overload_with_their_argument_types():
+    """``x.pow_(2)`` is ``pow.Tensor_Scalar`` in place, not the same-named ``pow.Scalar``
+    (a Scalar base): ``square_()`` (Adafactor) failed on tpu, and ``pow_(tensor)``,
+    ``floor_divide_(tensor)``, ``float_power_`` and ``ldexp_`` took torch's decompositions."""
+    from tpu_kernels.registry.opnames import functional_twin
+    aten = torch.ops.aten
+    assert functional_twin(aten.pow_.Scalar) is aten.pow.Tensor_Scalar
+    assert functional_twin(aten.pow_.Tensor) is aten.pow.Tensor_Tensor
+    assert functional_twin(aten.add_.Tensor) is aten.add.Tensor
+    g = torch.Generator().manual_seed(0)
+    x, e = torch.rand(3, 4, generator=g) + 0.5, torch.rand(3, 4, generator=g) + 0.1
+    calls = [lambda x, e: x.pow_(2), lambda x, e: x.pow_(e), lambda x, e: x.square_(),
+             lambda x, e: x.floor_divide_(e), lambda x, e: x.double().float_power_(e.double()),
+             lambda x, e: x.ldexp_(e.round())]
+    for call in calls:
+        want = call(x.clone(), e)
+        got = call(x.to("tpu"), e.to("tpu"))
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)

@@ -221,6 +221,23 @@ def test_ctc_loss_concatenated_targets_tensor_lengths(zero_infinity):
                                           zero_infinity=zero_infinity), x, flat, il, tl, grad=zero_infinity)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_ctc_loss_with_lengths_on_the_cpu(reduction):
+    """Length tensors left on the CPU beside tpu log-probs, as CUDA's kernel takes them (it
+    reads them there). torch's own mean reduction then divides by the CPU lengths, which
+    only a 0-dim CPU tensor may do beside a device tensor: not covered here."""
+    x, _ = _ctc_inputs()
+    flat = torch.tensor([1, 2, 2, 3, 4, 4, 1])
+    il, tl = torch.tensor([6, 4, 5]), torch.tensor([3, 1, 3])
+    want = F.ctc_loss(x.log_softmax(2), flat, il, tl, reduction=reduction)
+    xt = x.detach().to("tpu").requires_grad_()
+    got = F.ctc_loss(xt.log_softmax(2), flat.to("tpu"), il, tl, reduction=reduction)
+    torch.testing.assert_close(got.cpu(), want)
+    want.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-6, rtol=1e-5)
+
+
 def test_ctc_loss_unbatched_and_log_alpha():
     x = _rand(5, 4).requires_grad_()
     check(lambda x, t: F.ctc_loss(x.log_softmax(1), t, [5], [2]), x, torch.tensor([1, 3]), grad=True)

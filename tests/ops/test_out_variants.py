@@ -110,3 +110,13 @@ def test_the_rule_and_what_it_leaves_alone():
     finally:
         unregister(fn)
     assert route(aten.exp.out).impl.name == OUT_RULE
+
+
+def test_a_complex_input_into_a_real_out():
+    """``linalg.vector_norm(complex, out=real)``: out's dtype is not passed on as the
+    functional op's ``dtype`` (which must be complex for a complex input)."""
+    z = torch.randn(4, 3, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    want, got = torch.empty(3), torch.empty(3, device="tpu")
+    torch.linalg.vector_norm(z, dim=0, out=want)
+    torch.linalg.vector_norm(z.to("tpu"), dim=0, out=got)
+    torch.testing.assert_close(got.cpu(), want)

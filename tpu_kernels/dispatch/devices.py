@@ -11,7 +11,8 @@ propagation apply them):
   (``x[cpu_idx]``, ``x[cpu_idx] = v``: ``aten.index.Tensor`` and the ``index_put``
   family); they are copied to the device;
 - a ``_foreach_*`` op's ``scalars`` is a CPU tensor list by its contract, and so is
-  ``_pack_padded_sequence``'s ``lengths`` (``nn.utils.rnn.pack_padded_sequence``);
+  ``_pack_padded_sequence``'s ``lengths`` (``nn.utils.rnn.pack_padded_sequence``); CTC
+  loss's length tensors may be on the CPU (CUDA's kernel reads them there);
 - any other CPU tensor (``index_select``/``gather`` indices, a CPU operand of ``mm`` or a
   non-0-dim ``add``) raises torch's "Expected all tensors to be on the same device";
 - so do tpu tensors on two tpu devices (``a_tpu0 + b_tpu1``): JAX would quietly move one
@@ -37,6 +38,7 @@ INDEX_OPS = frozenset({
     aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten.index_put_.default,
     aten._unsafe_index_put.default, aten._index_put_impl_.default,
 })
+CTC_OPS = frozenset({aten._ctc_loss.Tensor, aten._ctc_loss_backward.Tensor})
 # ops whose CUDA kernels refuse a 0-dim CPU tensor (FakeTensor's bypass list)
 NO_CPU_SCALAR = frozenset({aten.nextafter.default})
 
@@ -49,6 +51,8 @@ def cpu_arg_allowed(op: Any, name: str, t: torch.Tensor) -> bool:
     if name == "indices" and op in INDEX_OPS:
         return True
     if name == "scalars" or (name == "lengths" and op is aten._pack_padded_sequence.default):
+        return True
+    if name in ("input_lengths", "target_lengths") and op in CTC_OPS:
         return True
     return t.dim() == 0 and op not in NO_CPU_SCALAR
 

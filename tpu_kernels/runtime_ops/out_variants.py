@@ -85,7 +85,8 @@ def run_out_variant(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     fkwargs = {k: v for k, v in kwargs.items() if k not in names}
     takes = {a.name for a in functional._schema.arguments}
     first = outs[0] if isinstance(outs[0], torch.Tensor) else None   # else a list (``Tensor(a!)[] out``)
-    if first is not None and len(outs) == 1 and fkwargs.get("dtype") is None and "dtype" in takes:
+    if (first is not None and len(outs) == 1 and fkwargs.get("dtype") is None and "dtype" in takes
+            and not _complex_into_real(args, first)):
         fkwargs["dtype"] = first.dtype
     if first is not None and "device" in takes:   # a factory makes its result where ``out`` is
         fkwargs["device"] = first.device
@@ -99,6 +100,12 @@ def run_out_variant(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     if not op._schema.returns:   # (a list ``out``'s overload returns nothing)
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _complex_into_real(args: tuple, out: torch.Tensor) -> bool:
+    """A complex input with a real ``out`` (``linalg.vector_norm``): its ``dtype`` argument
+    names a complex type, so ``out``'s is not passed on."""
+    return not out.is_complex() and any(isinstance(a, torch.Tensor) and a.is_complex() for a in args)
 
 
 def _write(op: OpOverload, out: torch.Tensor, value: torch.Tensor) -> None:

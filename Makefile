@@ -9,8 +9,9 @@ PINS    := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 helion==1.5.1
 DEPS    := numpy psutil
 # ruff and pytest-randomly are pinned: a new ruff release adds rules, a new randomly
 # release may reseed differently, a new transformers release changes the models' code
-# (5.25 broke fullgraph compiles of checkpointed layers for every backend). libtpu: the TPU compiler, compile-only here (tests
-# compile every kernel for v5e/v6e/v7x); the release jax 0.10.2 pairs with (jax's `tpu` extra).
+# (5.25 broke fullgraph compiles of checkpointed layers for every backend). libtpu: the
+# TPU compiler, compile-only here (tests compile every kernel for v5e/v6e/v7x); the
+# release jax 0.10.2 pairs with (jax's `tpu` extra).
 TESTDEPS := hypothesis pytest pytest-xdist pytest-randomly==5.1.0 ruff==0.17.6 expecttest transformers==5.24.0 matplotlib 'libtpu==0.0.42.*'
 JOBS    ?= 2
 

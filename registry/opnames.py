@@ -87,7 +87,13 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
     same = getattr(packet, op._overloadname, None)
     if same is not None and _arg_types(same) == want:
         return same
-    return next((o for o in (getattr(packet, n) for n in packet.overloads()) if _arg_types(o) == want), same)
+    return next((o for o in overloads(packet) if _arg_types(o) == want), same)
+
+
+def overloads(packet: Any) -> list[OpOverload]:
+    """Every overload of an op packet, as ``getattr`` gives it: the registry's keys
+    (``packet.__getattr__`` would build new, unequal objects)."""
+    return [getattr(packet, n) for n in packet.overloads()]
 
 
 def _arg_types(op: OpOverload) -> tuple:

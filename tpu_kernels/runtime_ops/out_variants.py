@@ -27,6 +27,7 @@ import torch
 from torch._ops import OpOverload
 
 from tpu_kernels.registry import REGISTRY, register_runtime_rule
+from tpu_kernels.registry.opnames import base_name, namespace, overloads
 from tpu_kernels.registry.route import composite_implicit
 
 OUT_RULE = "out"   # the rule's name (registry.impls and the coverage report show it)
@@ -51,9 +52,8 @@ def functional_of(op: OpOverload) -> OpOverload | None:
     if not outs or any(a.alias_info is not None and a.alias_info.is_write and a.name not in outs
                        for a in schema.arguments):
         return None
-    packet = getattr(getattr(torch.ops, op.namespace), op._schema.name.split("::")[-1])
-    candidates = [o for o in map(functools.partial(getattr, packet), packet.overloads())
-                  if not o._schema.is_mutable]
+    packet = getattr(getattr(torch.ops, namespace(op)), base_name(op))
+    candidates = [o for o in overloads(packet) if not o._schema.is_mutable]
     args = [a for a in schema.arguments if a.name not in outs]
     for same in (_signature, _without_options):   # the same arguments, else but options
         want = same(args)

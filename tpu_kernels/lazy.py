@@ -330,7 +330,9 @@ def flush() -> None:
         _STATE.compiles += 1
     values = inflight.track(run_on(prog.index, run, _packed(prog.inputs, prog.input_avals)))
     for lz, val in zip(live, values):
-        lz.value = val
+        # a placeholder outlives its flush (a parameter's array, an unread check flag):
+        # it must not keep the program, and with it every input of the step, alive
+        lz.value, lz.program = val, None
     _STATE.flushes += 1
 
 

@@ -1,4 +1,4 @@
-"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag, one_hot.
+"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag and its backwards, one_hot.
 
 Out-of-range indices follow ``_index.py``: reads fill 0, writes drop, a deferred check raises as torch.
 """
@@ -66,6 +66,63 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         out = out / jnp.maximum(count, 1)[:, None].astype(acc)
     bag_size = sizes if mode == 1 else jnp.zeros_like(sizes)
     return out.astype(dt), bag, bag_size, jnp.zeros(out_shape(3), jnp.int64)
+
+
+def _dense_only(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None, padding_idx=-1):
+    return "sparse=True: the tpu device has no sparse tensors" if sparse else None
+
+
+@xla("aten::_embedding_bag_backward", supports=_dense_only)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+                           padding_idx=-1):
+    """The weight's gradient of ``_embedding_bag`` (dense; CPU's kernel for the same)."""
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@xla("aten::_embedding_bag_dense_backward")
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq=False, mode=0, per_sample_weights=None, padding_idx=-1):
+    """Each bag's output gradient goes back to the rows it came from: every index of the
+    bag (sum; mean divides by the bag's size; per-sample weights scale) or, in max mode,
+    the row that won each column. Padding rows get none."""
+    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
+    g = grad.astype(acc)
+    cols = g.shape[1]
+    if mode == 2:   # max: bags with no row (size 0) gave nothing
+        live = (bag_size[:g.shape[0]] > 0)[:, None]
+        idx = jnp.where(live, maximum_indices, num_weights)          # num_weights: dropped
+        out = jnp.zeros((num_weights, cols), acc).at[idx, jnp.arange(cols)[None, :]].add(g, mode="drop")
+        return out.astype(out_dtype())
+    rows = read(g, offset2bag)
+    if mode == 1:
+        rows = rows / jnp.maximum(read(bag_size, offset2bag), 1)[:, None].astype(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(acc)[:, None]
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[indices].add(1, mode="drop")
+        rows = rows / jnp.maximum(read(counts, indices), 1)[:, None]
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
+    rows = jnp.where(keep[:, None], rows, 0)
+    out = jnp.zeros((num_weights, cols), acc).at[indices].add(rows, mode="drop")
+    return out.astype(out_dtype())
+
+
+def _sum_only(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    return None if mode == 0 else "per_sample_weights only supported for mode='sum' (torch's CPU kernel's error)"
+
+
+@xla("aten::_embedding_bag_per_sample_weights_backward", supports=_sum_only)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """d(output)/d(per_sample_weights), sum mode: each index's row dotted with its bag's
+    output gradient (0 for padding rows)."""
+    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
+    rows = jnp.take(weight, indices, axis=0, mode="fill", fill_value=0).astype(acc)
+    dots = jnp.sum(rows * read(grad.astype(acc), offset2bag), axis=1)
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
+    return jnp.where(keep, dots, 0).astype(out_dtype())
 
 
 def _static_classes(self, num_classes=-1):

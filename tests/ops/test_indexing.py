@@ -276,15 +276,44 @@ def test_out_of_range_is_dropped_or_filled():
         torch.index_select(x, 0, i).cpu()
 
 
-@pytest.mark.xfail(strict=True, reason="aten._embedding_bag_backward has no tpu impl (torch's kernel is "
-                   "CPU/CUDA-specific, _embedding_bag_dense_backward): nn.EmbeddingBag trains only with "
-                   "TPU_KERNELS_CPU_FALLBACK=1")
-def test_embedding_bag_backward():
-    w, i, o = r(10, 3).requires_grad_(), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4])
-    wt = w.detach().to("tpu").requires_grad_()
-    torch.nn.functional.embedding_bag(i, w, o, mode="mean").sum().backward()
-    torch.nn.functional.embedding_bag(i.to("tpu"), wt, o.to("tpu"), mode="mean").sum().backward()
-    torch.testing.assert_close(wt.grad.cpu(), w.grad)
+def _bag_grads(device, mode, pad=None, freq=False, psw=False, last=False):
+    """EmbeddingBag's output and its weight's (and per-sample weights') gradients."""
+    torch.manual_seed(0)
+    w = r(10, 3).to(device).requires_grad_()
+    i = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9], device=device)
+    o = torch.tensor([0, 2, 2, 5, 8] if last else [0, 2, 2, 5], device=device)   # bag 1 is empty
+    p = r(8, seed=1).to(device).requires_grad_() if psw else None
+    out = torch.nn.functional.embedding_bag(i, w, o, mode=mode, padding_idx=pad, scale_grad_by_freq=freq,
+                                            per_sample_weights=p, include_last_offset=last)
+    out.backward(r(*out.shape, seed=2).to(device))
+    return [t.detach().cpu() for t in (out, w.grad) + ((p.grad,) if psw else ())]
+
+
+@pytest.mark.parametrize("mode, pad, psw, last", [("sum", 4, True, False), ("mean", None, False, True),
+                                                  ("max", 4, False, False), ("max", None, False, True)])
+def test_embedding_bag_backward(mode, pad, psw, last):
+    """nn.EmbeddingBag trains: the weight's gradient (sum, mean, max; padding rows get
+    none; an empty bag gives none) and the per-sample weights' match CPU."""
+    for got, want in zip(_bag_grads("tpu", mode, pad, psw=psw, last=last), _bag_grads("cpu", mode, pad, psw=psw, last=last)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_backward_scaled_by_frequency(mode):
+    """scale_grad_by_freq divides each row's gradient by its index's count, as nn.Embedding's
+    (and CUDA's) backward does. CPU's EmbeddingBag kernel on torch 2.13 divides some rows by
+    another index's count (pytorch#190063, fixed after 2.13), so the reference is
+    nn.Embedding's CPU gradient of the same bags."""
+    _, grad = _bag_grads("tpu", mode, pad=4, freq=True)
+    w, g = r(10, 3).requires_grad_(), r(4, 3, seed=2)
+    i = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    bag = torch.tensor([0, 0, 2, 2, 2, 3, 3, 3])       # offsets [0, 2, 2, 5]
+    rows = torch.nn.functional.embedding(i, w, padding_idx=4, scale_grad_by_freq=True)
+    seeds = g[bag]
+    if mode == "mean":    # each bag's rows other than padding: 2, 0, 1, 3
+        seeds = seeds / torch.tensor([2.0, 1.0, 1.0, 3.0])[bag][:, None]
+    (rows * seeds).sum().backward()
+    torch.testing.assert_close(grad, w.grad)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])

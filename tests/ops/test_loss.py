@@ -221,11 +221,11 @@ def test_ctc_loss_concatenated_targets_tensor_lengths(zero_infinity):
                                           zero_infinity=zero_infinity), x, flat, il, tl, grad=zero_infinity)
 
 
-@pytest.mark.parametrize("reduction", ["sum", "none"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_ctc_loss_with_lengths_on_the_cpu(reduction):
     """Length tensors left on the CPU beside tpu log-probs, as CUDA's kernel takes them (it
-    reads them there). torch's own mean reduction then divides by the CPU lengths, which
-    only a 0-dim CPU tensor may do beside a device tensor: not covered here."""
+    reads them there). The mean reduction divides by the target lengths on the loss's
+    device, as torch's plain-tensor path does (runtime_ops/ctc_loss.py)."""
     x, _ = _ctc_inputs()
     flat = torch.tensor([1, 2, 2, 3, 4, 4, 1])
     il, tl = torch.tensor([6, 4, 5]), torch.tensor([3, 1, 3])

@@ -3,13 +3,13 @@
 hidden running-stats update (``batch_norm``), convolution results' memory format
 (``conv_layout``), in-place metadata changes
 (``metadata_ops``), ``empty`` made from host zeros (``empty``), composite calls caught above autograd (``fused_composites``,
-``rms_norm``), random ops recomputed by activation checkpointing (``checkpoint_rng``),
+``rms_norm``, ``ctc_loss``), random ops recomputed by activation checkpointing (``checkpoint_rng``),
 ``nn.MultiheadAttention``/``nn.TransformerEncoderLayer``'s fused inference ops
 (``transformer_fastpath``), every ``out=`` overload through its functional op (``out_variants``).
 Importing the package registers them all.
 """
-from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, conv_layout, copies, empty, fused_composites,
-                                     metadata_ops, out_variants, rms_norm, transformer_fastpath)
+from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, conv_layout, copies, ctc_loss, empty,
+                                     fused_composites, metadata_ops, out_variants, rms_norm, transformer_fastpath)
 
-__all__ = ["batch_norm", "checkpoint_rng", "conv_layout", "copies", "empty", "fused_composites", "metadata_ops",
+__all__ = ["batch_norm", "checkpoint_rng", "conv_layout", "copies", "ctc_loss", "empty", "fused_composites", "metadata_ops",
            "out_variants", "rms_norm", "transformer_fastpath"]

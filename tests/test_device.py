@@ -146,6 +146,20 @@ def test_seed_reproducible():
     assert torch.equal(a, b) and not torch.equal(b, c)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_eager_checkpoint_recomputes_the_same_dropout(reentrant):
+    """torch.utils.checkpoint saves the device's RNG state (only for a backend module that
+    says ``_initialized``, as torch.cuda does once used) and restores it to recompute the
+    region in backward: its dropout draws the forward's mask, so the gradient is zero
+    exactly where the output is (HF's gradient checkpointing with dropout, eagerly)."""
+    from torch.utils.checkpoint import checkpoint
+    x = torch.ones(64, device="tpu", requires_grad=True)
+    y = checkpoint(lambda t: torch.nn.functional.dropout(t, 0.5) * 2, x, use_reentrant=reentrant)
+    y.sum().backward()
+    assert 0 < (y.detach().cpu() == 0).sum() < 64
+    assert torch.equal(x.grad.cpu(), y.detach().cpu())     # both 4 where kept (1 / (1 - p) * 2)
+
+
 def test_pickle_roundtrip():
     t = torch.arange(4.0).to("tpu")
     u = pickle.loads(pickle.dumps(t))

@@ -62,6 +62,10 @@ def _backend_module() -> types.ModuleType:
     m.__doc__ = "The tpu device's backend module (tpu_kernels): torch.cuda's API for TPUs."
     m.is_available = lambda: True
     m.is_initialized = lambda: True
+    # what torch.cuda sets after its lazy init: torch.utils.checkpoint saves and restores
+    # a device's RNG state only where it is set (without it a checkpointed dropout drew
+    # another mask when recomputed in backward: wrong gradients, silently)
+    m._initialized = True
     m.init = lambda: None
     m._is_in_bad_fork = lambda: False
     for module, names in _MODULE_FUNCTIONS.items():

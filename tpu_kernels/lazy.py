@@ -38,7 +38,8 @@ UNTIL_FLUSH_MAX_NODES = 64
 
 
 class Lazy:
-    """A value a recorded op will produce: its shape and dtype, and (after the flush) it."""
+    """A value a recorded op will produce: its shape and dtype, its program until the
+    flush, and (after the flush) it."""
     __slots__ = ("aval", "value", "program", "slot", "index", "__weakref__")
 
     def __init__(self, aval: jax.ShapeDtypeStruct, program: "Program", slot: tuple) -> None:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._index import in_range, read
+from tpu_kernels.registry.xla._util import float_compute
 
 
 @xla("aten::embedding")
@@ -21,7 +22,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 @xla("aten::embedding_dense_backward")
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     """Scatter-add of the output gradient rows into the weight rows they came from."""
-    acc = jnp.float32 if grad_output.dtype in (jnp.bfloat16, jnp.float16) else grad_output.dtype
+    acc = float_compute(grad_output.dtype)
     idx = indices.reshape(-1)
     g = grad_output.reshape((idx.shape[0], -1)).astype(acc)
     if scale_grad_by_freq:
@@ -46,7 +47,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     pos = jnp.arange(n)
     bag = jnp.searchsorted(starts, pos, side="right") - 1        # last bag starting at or before
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), jnp.bool_)
-    acc = jnp.float32 if weight.dtype in (jnp.bfloat16, jnp.float16) else weight.dtype
+    acc = float_compute(weight.dtype)
     rows = jnp.take(weight, indices, axis=0, mode="fill", fill_value=0).astype(acc)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.astype(acc)[:, None]
@@ -88,7 +89,7 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
     """Each bag's output gradient goes back to the rows it came from: every index of the
     bag (sum; mean divides by the bag's size; per-sample weights scale) or, in max mode,
     the row that won each column. Padding rows get none."""
-    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
+    acc = float_compute(grad.dtype)
     g = grad.astype(acc)
     cols = g.shape[1]
     if mode == 2:   # max: bags with no row (size 0) gave nothing
@@ -101,13 +102,9 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
         rows = rows / jnp.maximum(read(bag_size, offset2bag), 1)[:, None].astype(acc)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.astype(acc)[:, None]
-    if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), acc).at[indices].add(1, mode="drop")
-        rows = rows / jnp.maximum(read(counts, indices), 1)[:, None]
-    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
-    rows = jnp.where(keep[:, None], rows, 0)
-    out = jnp.zeros((num_weights, cols), acc).at[indices].add(rows, mode="drop")
-    return out.astype(out_dtype())
+    # each index's row of gradient, from here on as nn.Embedding's backward (frequency
+    # scaling, padding rows, the scatter-add)
+    return embedding_dense_backward(rows, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
 def _sum_only(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
@@ -118,7 +115,7 @@ def _sum_only(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
     """d(output)/d(per_sample_weights), sum mode: each index's row dotted with its bag's
     output gradient (0 for padding rows)."""
-    acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
+    acc = float_compute(grad.dtype)
     rows = jnp.take(weight, indices, axis=0, mode="fill", fill_value=0).astype(acc)
     dots = jnp.sum(rows * read(grad.astype(acc), offset2bag), axis=1)
     keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)

@@ -145,6 +145,16 @@ class TpuTensor(torch.Tensor):
 
     _tpu_shadow = _ShadowSlot()
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None):
+        """This tensor as a compiled backward expects a tangent: itself, or (where the trace
+        guessed a plain tensor: a mutated input's gradient) its shadow, which the program
+        reads as it reads every flattened tpu input."""
+        if expected_type is None or expected_type is type(self):
+            return self
+        if expected_type is torch.Tensor:
+            return self._tpu_shadow
+        return None
+
     @property
     def data(self) -> torch.Tensor:  # noqa: D102
         return _TORCH_DATA.__get__(self)

@@ -389,12 +389,3 @@ def test_compiled_nn_transformer_trains_over_two_lengths():
         got.sum().backward()
         want.sum().backward()
         grads_close(tpu, cpu)
-
-
-@pytest.mark.xfail(strict=True, reason="torch.cond in compiled code: Dynamo fake-runs the cond HOP on the "
-                   "branches' inputs and asserts they are FakeTensors; a traced tpu tensor is a wrapper "
-                   "subclass around a fake shadow, and the HOP has no subclass rule for it")
-def test_torch_cond_compiled():
-    f = lambda x: torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))  # noqa: E731
-    x = torch.randn(4)
-    close(torch.compile(f, backend="tpu")(x.to("tpu")), f(x))

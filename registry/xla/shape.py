@@ -123,6 +123,19 @@ def unbind_copy(self, dim=0):
     return [jnp.take(self, i, axis=dim) for i in range(self.shape[dim])]
 
 
+@xla("aten::select_copy.int")
+def select_copy(self, dim, index):
+    dim = _dim(dim, self.ndim)
+    return lax.index_in_dim(self, index % self.shape[dim], axis=dim, keepdims=False)
+
+
+@xla("aten::slice_copy.Tensor")
+def slice_copy(self, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, self.ndim)
+    first, last, step = slice(start, end, step).indices(self.shape[dim])
+    return lax.slice_in_dim(self, first, max(first, last), step, axis=dim)
+
+
 @xla("aten::diagonal_copy")
 def diagonal_copy(self, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(self, offset, _dim(dim1, self.ndim), _dim(dim2, self.ndim))

@@ -61,6 +61,10 @@ def test_unsafe_view_and_copies():
     check(lambda x: aten.unfold_copy(x, 1, 2, 2), x)
     check(lambda x: aten.narrow_copy(x, 2, 1, 2), x)
     check(lambda x: aten.narrow_copy(x, -1, -3, 2), x)
+    check(lambda x: aten.select_copy(x, 1, -1), x)       # (scan's and map's eager backward)
+    check(lambda x: aten.slice_copy(x, 2, 1, None, 2), x)
+    check(lambda x: aten.slice_copy(x, -1, -100, 100), x)
+    check(lambda x: aten.slice_copy(x, 0, 4, 2), x)       # (empty)
     check(lambda x: aten.as_strided_copy(x, [3, 2], [2, 5], 1), x)
     check(lambda x: aten.t_copy(x), r(5))
 

@@ -1,6 +1,7 @@
-"""``torch.cond`` on tpu tensors (``runtime_ops/cond.py``): eager, deferred and compiled,
-forward and backward, against the same code on CPU; a compiled cond is one XLA program
-(a ``stablehlo.case``) that the real TPU compiler accepts."""
+"""Control flow on tpu tensors (``runtime_ops/control_flow.py``): ``torch.cond``, ``scan``
+and ``map``, eager, deferred and compiled, forward and backward, against the same code on
+CPU; a compiled cond is one XLA program (a ``stablehlo.case``) that the real TPU compiler
+accepts."""
 from __future__ import annotations
 
 import copy
@@ -9,6 +10,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
 
 from tpu_kernels import aot
 from tpu_kernels.deferred_mode import deferred
@@ -89,6 +93,31 @@ def test_dropout_inside_a_compiled_branch_draws_a_mask():
     a, b = f(torch.ones(4000, device="tpu")).cpu(), f(torch.ones(4000, device="tpu")).cpu()
     assert set(a.unique().tolist()) == {0.0, 2.0} and 0.45 < (a == 0).float().mean() < 0.55
     assert not torch.equal(a, b)     # each call takes new keys
+
+
+def running_sum_and_products(init, xs):
+    return scan(lambda c, x: (c + x, c * x), init, xs)
+
+
+def sin_plus_one(xs):
+    return hop_map(lambda x: x.sin() + 1, xs)
+
+
+@pytest.mark.parametrize("fn", [running_sum_and_products, sin_plus_one], ids=["scan", "map"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_loops_match_cpu_with_gradients(fn, compiled):
+    args = [torch.randn(3), torch.randn(4, 3)][-fn.__code__.co_argcount:]
+    want_in = [a.clone().requires_grad_() for a in args]
+    got_in = [a.to("tpu").requires_grad_() for a in args]
+    f = torch.compile(fn, backend="tpu", fullgraph=True) if compiled else fn
+    got, want = f(*got_in), fn(*want_in)
+    got, want = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
+    for g, w in zip(got, want):
+        close(g, w)
+    sum((g * (k + 1)).pow(2).sum() for k, g in enumerate(got)).backward()
+    sum((w * (k + 1)).pow(2).sum() for k, w in enumerate(want)).backward()
+    for g, w in zip(got_in, want_in):
+        close(g.grad, w.grad)
 
 
 @pytest.mark.skipif(aot.unavailable_reason() is not None, reason=str(aot.unavailable_reason()))

@@ -1,7 +1,8 @@
-"""``torch.cond`` on tpu tensors: eager, in deferred mode and inside compiled graphs.
+"""Control flow on tpu tensors: ``torch.cond``, ``scan`` and ``map`` (torch's higher-order
+ops), eager, in deferred mode and inside compiled graphs.
 
-torch's ``cond`` higher-order op has rules per mode and per tensor subclass; it has none
-for ours, so this module gives it three:
+A higher-order op has rules per mode and per tensor subclass; torch has none for ours, so
+this module gives each op three:
 
 - **traced** (Dynamo's and AOTAutograd's fake runs): torch's fake rule asserts the
   branches return FakeTensors. A traced tpu tensor wraps a fake shadow, so the rule runs
@@ -11,10 +12,13 @@ for ours, so this module gives it three:
   predicate is a traced value: the op becomes one ``jax.lax.cond``. Each branch's
   device-side check flags come out of the cond (the other branch's as all-clear), and
   the random ops of both branches draw keys from the same counters, as only one runs.
-- **autograd, eager**: torch's rule traces both branches with make_fx first, which
-  cannot trace a real tpu tensor; the chosen branch runs under autograd instead.
+  ``scan`` and ``map`` run torch's dense rule, a Python loop over the leading dimension:
+  in a compiled graph the loop is unrolled into the program (fine for the short loops
+  these ops see in models; a long scan makes a long program).
+- **autograd, eager**: torch's rules trace the bodies with make_fx first, which cannot
+  trace a real tpu tensor; the chosen branch (or the loop) runs under autograd instead.
 
-Both branches must return tensors of the same shapes and dtypes (torch.cond's own rule).
+Both branches of a cond must return tensors of the same shapes and dtypes (torch's rule).
 """
 from __future__ import annotations
 
@@ -25,8 +29,10 @@ import jax.numpy as jnp
 import torch
 from torch._C import DispatchKey
 from torch._higher_order_ops.cond import cond_op
+from torch._higher_order_ops.map import map_impl
+from torch._higher_order_ops.scan import scan_op
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.tensor import TpuTensor, read, wrap
@@ -42,24 +48,28 @@ def _shadow(t: Any) -> Any:
     return t._tpu_inner if _traced(t) else t
 
 
-def _on_shadows(rule: Callable, pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
+def _any_traced(args: tuple) -> bool:
+    return any(_traced(t) for t in tree_leaves(args))
+
+
+def _on_shadows(rule: Callable, *args: Any) -> Any:
     """``rule`` on the shadows of traced tpu tensors; its tpu results wrapped again."""
-    out = rule(_shadow(pred), true_fn, false_fn, tuple(_shadow(t) for t in operands))
+    out = rule(*tree_map(_shadow, args))
     return tree_map(lambda o: TpuTensor._traced(o) if isinstance(o, torch.Tensor)
                     and not isinstance(o, TpuTensor) and o.device.type == "tpu" else o, out)
 
 
 def _fake_rule(mode: FakeTensorMode, pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
     """torch's fake rule (Dynamo's fake run), on traced tpu tensors' shadows."""
-    if not any(_traced(t) for t in (pred, *operands)):
+    if not _any_traced((pred, operands)):
         return _FAKE_RULE(mode, pred, true_fn, false_fn, operands)
     return _on_shadows(lambda *a: _FAKE_RULE(mode, *a), pred, true_fn, false_fn, operands)
 
 
-def _tpu_rule(pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
+def _cond_rule(pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
     """``cond`` on tpu tensors: traced ones (AOTAutograd's trace) through their shadows,
     real ones (or a compiled graph's traced values) run."""
-    if any(_traced(t) for t in (pred, *operands)):
+    if _any_traced((pred, operands)):
         return _on_shadows(cond_op, pred, true_fn, false_fn, operands)
     trace = graph_trace.active()
     if not isinstance(pred, torch.Tensor):
@@ -113,28 +123,53 @@ def _lax_cond(trace: graph_trace.GraphTrace, pred: jax.Array, true_fn: Callable,
     return tree_unflatten([wrap(o, d) if d is not None else o for o, d in zip(outs, dtypes)], tree)
 
 
-def _autograd_rule(pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
-    """Eager ``cond`` on real tpu tensors with grad on: the chosen branch runs under
-    autograd. Traced tensors, no-grad calls and a compiled graph's trace take torch's rule."""
-    if (not torch.is_grad_enabled() or graph_trace.active() is not None
-            or any(_traced(t) for t in (pred, *operands))):
-        return _AUTOGRAD_RULE(pred, true_fn, false_fn, operands)
+def _chosen_branch(pred: Any, true_fn: Callable, false_fn: Callable, operands: tuple) -> Any:
+    """Eager cond: the branch the predicate picks, run."""
     if isinstance(pred, torch.Tensor):
         pred = pred.item()
-    fn = true_fn if pred else false_fn
-    box: list = []
-    out = _ChosenBranch.apply(fn, box, *operands)
-    return tree_unflatten(list(out), box[0])
+    return (true_fn if pred else false_fn)(*operands)
 
 
-class _ChosenBranch(torch.autograd.Function):
-    """One branch run under autograd. The operands it does not reach get zero gradients,
-    not None, as torch's cond gives them (an optimizer treats the two differently)."""
+def _loop_rule(op: Any) -> Callable:
+    """``scan``'s or ``map``'s TpuTensor rule: traced tensors through their shadows, real
+    ones (or a compiled graph's traced values) through torch's dense loop."""
+    dense = op.py_kernels[DispatchKey.CompositeExplicitAutograd]
+
+    def rule(*args: Any) -> Any:
+        return _on_shadows(op, *args) if _any_traced(args) else dense(*args)
+    return rule
+
+
+def _autograd_rule(op: Any, eager: Callable) -> Callable:
+    """``op``'s rule at tpu's autograd key: on real tensors with grad on, ``eager`` runs
+    under autograd; traced tensors, no-grad calls and a compiled graph's trace take
+    torch's rule."""
+    torch_rule = op.py_kernels[DispatchKey.Autograd]
+
+    def rule(*args: Any) -> Any:
+        if not torch.is_grad_enabled() or graph_trace.active() is not None or _any_traced(args):
+            return torch_rule(*args)
+        leaves, tree = tree_flatten(args)
+        at = [k for k, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+        def call(*tensors: torch.Tensor) -> Any:
+            for k, t in zip(at, tensors):
+                leaves[k] = t
+            return eager(*tree_unflatten(leaves, tree))
+        box: list = []
+        out = _Recorded.apply(call, box, *[leaves[k] for k in at])
+        return tree_unflatten(list(out), box[0])
+    return rule
+
+
+class _Recorded(torch.autograd.Function):
+    """``fn(*operands)`` run under autograd, its graph kept for the backward. Operands it
+    does not reach (a cond's untaken branch's) get zero gradients, not None, as torch's
+    rules give them (an optimizer treats the two differently)."""
 
     @staticmethod
     def forward(ctx, fn: Callable, box: list, *operands: Any) -> tuple:
-        ins = [o.detach().requires_grad_(o.requires_grad) if isinstance(o, torch.Tensor) else o
-               for o in operands]
+        ins = [o.detach().requires_grad_(o.requires_grad) for o in operands]
         with torch.enable_grad():
             leaves, tree = tree_flatten(fn(*ins))
         box.append(tree)
@@ -145,22 +180,22 @@ class _ChosenBranch(torch.autograd.Function):
     def backward(ctx, *grads: Any) -> tuple:
         pairs = [(o, g) for o, g in zip(ctx.outs, grads)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
-        wanted = [i for i in ctx.ins if isinstance(i, torch.Tensor) and i.requires_grad]
+        wanted = [i for i in ctx.ins if i.requires_grad]
         got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
                                        allow_unused=True, retain_graph=True)
                    if pairs and wanted else [None] * len(wanted))
         res = []
         for i in ctx.ins:
-            if isinstance(i, torch.Tensor) and i.requires_grad:
-                g = next(got)
-                res.append(torch.zeros_like(i) if g is None else g)
-            else:
-                res.append(None)
+            g = next(got) if i.requires_grad else None
+            res.append(torch.zeros_like(i) if i.requires_grad and g is None else g)
         return (None, None, *res)
 
 
-_AUTOGRAD_RULE = cond_op.py_kernels[DispatchKey.Autograd]
 cond_op.python_key_table[FakeTensorMode] = _fake_rule
-cond_op.py_impl(TpuTensor)(_tpu_rule)
-cond_op.py_impl(DispatchKey.AutogradPrivateUse1)(_autograd_rule)
+cond_op.py_impl(TpuTensor)(_cond_rule)
+cond_op.py_impl(DispatchKey.AutogradPrivateUse1)(_autograd_rule(cond_op, _chosen_branch))
+for _op in (scan_op, map_impl):
+    _op.py_impl(TpuTensor)(_loop_rule(_op))
+    _op.py_impl(DispatchKey.AutogradPrivateUse1)(_autograd_rule(_op, _op.py_kernels[DispatchKey.CompositeExplicitAutograd]))
+    _op._dispatch_cache.clear()
 cond_op._dispatch_cache.clear()

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import jax
 import torch
 
-from tpu_kernels import compile_backend, graph_program
+from tpu_kernels import compile_backend, graph_inputs, graph_program
 from tpu_kernels.bench.graph_modes import replaying
 from tpu_kernels.models import GPT, GPTConfig
 
@@ -70,7 +70,7 @@ def _per_call(f: Callable[[], Any], calls: int, rounds: int = 5, clock: str = "w
         t0 = now()
         for _ in range(calls):
             out = f()
-        jax.block_until_ready(jax.tree.leaves([graph_program.source_of(o)[0].array if isinstance(o, torch.Tensor)
+        jax.block_until_ready(jax.tree.leaves([graph_inputs.source_of(o)[0].array if isinstance(o, torch.Tensor)
                                                 else o for o in (out if isinstance(out, (list, tuple)) else [out])]))
         best = min(best, (now() - t0) / calls)
     return best * 1e6
@@ -155,9 +155,9 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             type(prog).__call__ = original
             probe.recording = False
         pargs, aot_args = seen[-1], probe.args
-        srcs = [graph_program.source_of(a) for a, t in zip(pargs, prog.is_tensor) if t]
+        srcs = [graph_inputs.source_of(a) for a, t in zip(pargs, prog.is_tensor) if t]
         statics = (graph_program.settings(), (), tuple(g for _, g in srcs))
-        arrays = [st.array for st, _ in srcs]
+        arrays = prog.arguments([st.array for st, _ in srcs])
         key = graph_program._no_key()
         exe = prog._jitted.lower(statics, key, *arrays).compile()
         timed = {

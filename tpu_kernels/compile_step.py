@@ -91,7 +91,7 @@ class StepProgram(GraphProgram):
             lazy.flush()
         taken = self.n_random
         key = random_state.reserve(taken) if taken else _no_key()
-        storages, flags = lazy.record(fn, key, *[st.array for st, _ in sources],
+        storages, flags = lazy.record(fn, key, *self.arguments([st.array for st, _ in sources]),
                                       watcher=self._flushed)
         lazy.record_until_flush()
         for f, (op, c) in zip(flags, checks):

@@ -29,12 +29,13 @@ from tpu_kernels import dispatch, errors, inflight, random_state, shadow, stride
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
+from tpu_kernels.graph_inputs import HostScalars, source_of
 from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, capturing, concrete
-from tpu_kernels.storage import Storage, to_jax, to_torch
+from tpu_kernels.storage import Storage, to_torch
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.tensor import TpuTensor, read, wrap_known, wrap_view, source as tensor_source
 
@@ -74,10 +75,13 @@ class GraphProgram:
         host = HostWrites(gm, positions)
         self.host = host if host.writes and not self.eager else None
         self.aot_meta = None   # AOTAutograd's metadata of the graph, set by the backend
+        self.scalars: HostScalars | None = None   # set below where the program is our own jit
         hooked = next((j for j in (hook(gm, self._trace) for hook in PROGRAM_HOOKS) if j is not None), None)
         # device inputs the graph writes (an optimizer's parameters and moments) are donated:
         # XLA writes their new values over the old buffers, so a step holds one copy of them
         self.donated = () if hooked is not None else _written_inputs(gm, positions, self.cpu_inputs)
+        if hooked is None and not self.eager:   # 0-dim CPU inputs cross as one array per dtype
+            self.scalars = HostScalars.of([x for x in example_inputs if isinstance(x, torch.Tensor)])
         self._jitted = hooked or self._jit()
 
     def __call__(self, *args: Any) -> list[Any]:
@@ -121,10 +125,15 @@ class GraphProgram:
         this way)."""
         statics = (settings(), tuple(_static(a) for a, t in zip(args, self.is_tensor) if not t),
                    tuple(shadow.geometry(a) for a, t in zip(args, self.is_tensor) if t))
-        return self._jitted.lower(statics, key, *arrays)
+        return self._jitted.lower(statics, key, *self.arguments(arrays))
+
+    def arguments(self, arrays: Sequence[Any]) -> list[Any]:
+        """The jitted function's array arguments from the tensor inputs' arrays."""
+        return list(arrays) if self.scalars is None else self.scalars.pack(arrays)
 
     def _jit(self, donate: bool = True) -> Any:
-        donated = tuple(2 + k for k in self.donated) if donate else ()
+        where = self.scalars.where if self.scalars is not None else None
+        donated = tuple(2 + (k if where is None else where[k]) for k in self.donated) if donate else ()
         return jax.jit(self._trace, static_argnums=(0,), donate_argnums=donated)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
@@ -142,12 +151,12 @@ class GraphProgram:
         # counters to reserve, nothing to move to the device per call
         key = random_state.reserve(taken) if taken or not self.traces else _no_key()
         try:
-            out = self._jitted(statics, key, *tensors)
+            out = self._jitted(statics, key, *self.arguments(tensors))
         except _NotWritten:     # (raised while tracing: nothing was donated yet)
             log.warning("a compiled graph's copy_ into an input did not write it: no inputs donated")
             self.donated = ()
             self._jitted = self._jit()
-            out = self._jitted(statics, key, *tensors)
+            out = self._jitted(statics, key, *self.arguments(tensors))
         storages, flags = inflight.track(out)
         if self.n_random > taken:        # first trace: the graph's random ops are now known
             random_state.reserve(self.n_random - taken)
@@ -199,6 +208,8 @@ class GraphProgram:
             log.info("a compiled graph is traced again (%d traces): each input shape is its own "
                      "XLA program (a static KV cache keeps decoding to one)", self.traces)
         _, scalars, geometries = statics
+        if self.scalars is not None:
+            arrays = tuple(self.scalars.unpack(arrays))
         inputs = [TpuTensor(Storage(a), *g) for a, g in zip(arrays, geometries)]
         views, st = iter(inputs), iter(scalars)
         args = [next(views) if t else next(st) for t in self.is_tensor]
@@ -352,33 +363,6 @@ def _constants_on_device(gm: torch.fx.GraphModule) -> None:
 def _device(n: Any) -> str | None:
     val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
     return val.device.type if isinstance(val, torch.Tensor) else None
-
-
-def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
-    """The storage and view geometry behind a compiled graph's tensor argument: a tpu
-    tensor, a shadow (whose tensor may be gone), or a CPU tensor (a host array)."""
-    if isinstance(x, TpuTensor):
-        return tensor_source(x)
-    src = shadow.source(x)
-    if src is not None:
-        return src
-    if x.device.type == "cpu":      # 0-dim scalars, step counters: they ride along
-        return _host(x)
-    raise RuntimeError(
-        f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
-        f"{x.dtype}, device {x.device}): only tpu and CPU tensors can be its inputs")
-
-
-def _host(t: torch.Tensor) -> tuple[Storage, tuple]:
-    """A CPU tensor as a storage over a host array (jit moves it with the call) and its
-    contiguous geometry; no tpu tensor is made (an optimizer has one step counter a parameter)."""
-    shape = tuple(t.shape)
-    if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
-        st = Storage(to_jax(t))
-    else:   # a host array: nothing to look up (device 0, as ``index_of_array`` says)
-        array = t.detach().numpy()
-        st = Storage(array, 0, array.nbytes)
-    return st, (shape, strided.contiguous_strides(shape), 0, t.dtype)
 
 
 @functools.cache

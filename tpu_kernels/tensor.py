@@ -8,6 +8,9 @@ installs (``install_dispatch``): this layer knows nothing of routing.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -414,3 +417,25 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     t.__dict__.pop("_tpu_shadow", None)   # its geometry changed
     t.__dict__.pop("_tpu_fk", None)
     return t
+
+
+def _releasing_shadows(apply: Callable) -> Callable:
+    """``Module._apply`` (under ``.to``, ``.half()``, ``.cpu()``...) that first drops the
+    cached shadows of the module's own tpu parameters, gradients and buffers (``_apply``
+    recurses into children itself). Converting a tpu parameter swaps it (torch swaps every
+    wrapper-subclass parameter), and torch refuses to swap a tensor that has weak
+    references: a shadow holds the one weak reference to its tensor (``_tpu_owner``), so
+    without this a model that had run compiled could not be moved or cast again."""
+    @functools.wraps(apply)
+    def wrapper(self, fn, recurse=True):
+        for t in itertools.chain(self._parameters.values(), self._buffers.values()):
+            if t is not None and weakref.getweakrefcount(t):
+                t.__dict__.pop("_tpu_shadow", None)
+            g = t.grad if isinstance(t, torch.nn.Parameter) else None
+            if g is not None and weakref.getweakrefcount(g):
+                g.__dict__.pop("_tpu_shadow", None)
+        return apply(self, fn, recurse)
+    return wrapper
+
+
+torch.nn.Module._apply = _releasing_shadows(torch.nn.Module._apply)

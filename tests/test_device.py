@@ -213,3 +213,23 @@ def test_a_model_whose_optimizer_ran_compiled_moves_again():
         model.to(torch.bfloat16)
     finally:
         torch._dynamo.reset()
+
+
+def test_weakly_referenced_cpu_parameters_move_and_stay_tied():
+    import weakref
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model[1].weight = model[0].weight
+    want = model(torch.ones(2, 4))
+    held = weakref.WeakKeyDictionary({p: k for k, p in enumerate(model.parameters())})  # noqa: F841
+    model.to("tpu")                # (torch cannot swap them: they get new tpu Parameters)
+    assert model[0].weight is model[1].weight and model[0].weight.device.type == "tpu"
+    torch.testing.assert_close(model(torch.ones(2, 4, device="tpu")).cpu(), want)
+
+
+def test_an_exported_cpu_program_runs_on_tpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    exported = torch.export.export(model, (x,)).module().to("tpu")
+    torch.testing.assert_close(exported(x.to("tpu")).cpu(), model(x))

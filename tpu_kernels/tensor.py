@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -419,23 +420,58 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     return t
 
 
+class _Moving(threading.local):
+    memo: dict | None = None   # during a module conversion: id(old parameter) -> its new one
+
+
+_MOVING = _Moving()
+
+
 def _releasing_shadows(apply: Callable) -> Callable:
-    """``Module._apply`` (under ``.to``, ``.half()``, ``.cpu()``...) that first drops the
-    cached shadows of the module's own tpu parameters, gradients and buffers (``_apply``
-    recurses into children itself). Converting a tpu parameter swaps it (torch swaps every
-    wrapper-subclass parameter), and torch refuses to swap a tensor that has weak
-    references: a shadow holds the one weak reference to its tensor (``_tpu_owner``), so
-    without this a model that had run compiled could not be moved or cast again."""
+    """``Module._apply`` (under ``.to``, ``.half()``, ``.cpu()``...) made able to convert
+    parameters that have weak references. torch swaps a parameter whose converted value
+    is a wrapper subclass (every tpu parameter), and refuses to swap a tensor that has
+    weak references. So first the module's own tensors drop their cached shadows (a
+    shadow holds the one weak reference to its tensor: without this a model that had run
+    compiled could not be moved or cast again); a CPU parameter still weakly referenced
+    (an exported program's module holds its parameters in a weak-keyed table) is replaced
+    by a new tpu Parameter, as torch does where it cannot convert in place, one per old
+    parameter so tied weights stay tied. ``_apply`` recurses into children itself."""
     @functools.wraps(apply)
     def wrapper(self, fn, recurse=True):
-        for t in itertools.chain(self._parameters.values(), self._buffers.values()):
-            if t is not None and weakref.getweakrefcount(t):
-                t.__dict__.pop("_tpu_shadow", None)
-            g = t.grad if isinstance(t, torch.nn.Parameter) else None
-            if g is not None and weakref.getweakrefcount(g):
-                g.__dict__.pop("_tpu_shadow", None)
-        return apply(self, fn, recurse)
+        outer = _MOVING.memo is None
+        if outer:
+            _MOVING.memo = {}
+        try:
+            for t in itertools.chain(self._parameters.values(), self._buffers.values()):
+                if t is not None and weakref.getweakrefcount(t):
+                    t.__dict__.pop("_tpu_shadow", None)
+                g = t.grad if isinstance(t, torch.nn.Parameter) else None
+                if g is not None and weakref.getweakrefcount(g):
+                    g.__dict__.pop("_tpu_shadow", None)
+            for name, p in self._parameters.items():
+                if p is not None and not isinstance(p, TpuTensor) and weakref.getweakrefcount(p):
+                    _replace_held(self, name, p, fn)
+            return apply(self, fn, recurse)
+        finally:
+            if outer:
+                _MOVING.memo = None
     return wrapper
+
+
+def _replace_held(module: torch.nn.Module, name: str, p: torch.nn.Parameter, fn: Callable) -> None:
+    """Give ``module`` a new Parameter for ``p`` where ``fn`` makes it a tpu tensor."""
+    new = _MOVING.memo.get(id(p))
+    if new is None:
+        with torch.no_grad():
+            value = fn(p)
+        if not isinstance(value, TpuTensor):
+            return
+        new = _MOVING.memo[id(p)] = (torch.nn.Parameter(value, p.requires_grad), p)   # (p: keeps the id)
+        if p.grad is not None:
+            with torch.no_grad():
+                new[0].grad = fn(p.grad)
+    module._parameters[name] = new[0]
 
 
 torch.nn.Module._apply = _releasing_shadows(torch.nn.Module._apply)

@@ -64,7 +64,7 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
 
         def jit_call(*a):
             if _keeping[0]:   # (an untimed step) copies: the call gives up what it donates
-                _last[_name(self)] = (jitted, _copies(a), tuple(2 + k for k in self.donated))
+                _last[_name(self)] = (jitted, _copies(a), self.donated_argnums())
             with clock.span(f"  jit call {_name(self)}"):
                 return jitted(*a)
         self._jitted = jit_call

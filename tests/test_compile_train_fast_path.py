@@ -1,7 +1,7 @@
 """A compiled training graph run through compile_train_fast_path's autograd.Function
 keeps autograd's semantics: results and gradients match CPU and AOTAutograd's own path,
 outputs that need no gradient, backward through one of several outputs, retain_graph,
-version checks of saved inputs, grad mode off at call time, no double backward; graphs
+version checks of saved inputs, activations passed to the backward without tensors, grad mode off at call time, no double backward; graphs
 it does not fit keep AOTAutograd's wrappers, with the reason logged."""
 from __future__ import annotations
 
@@ -150,6 +150,24 @@ def test_a_saved_input_changed_in_place_before_backward_raises():
     x.add_(1)          # x is saved for w's gradient, as eagerly
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_saved_activations_reach_the_backward_as_storages_not_tensors():
+    from tpu_kernels.storage import Storage
+    w = torch.ones(3, device="tpu", requires_grad=True)
+    cf, handed = _compile(lambda x, w: (x * w).exp().sum())
+    x = torch.arange(3.0).to("tpu")
+    loss = cf(x, w)
+    assert _is_fast(handed[0])
+    node = loss.grad_fn        # the autograd.Function's node is its ctx
+    assert [tuple(t.shape) for t in node.saved_tensors] == [(3,)]    # x, version-checked
+    # (the entry at x's place is x's own storage: the backward takes x's tensor there)
+    activations = [s for s in node.raw if type(s) is tuple and type(s[0]) is Storage
+                   and s[0] is not x._tpu_storage]
+    assert [s[1][0] for s in activations] == [(3,)]     # exp's result: (storage, geometry)
+    loss.backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.arange(3.0) * torch.arange(3.0).exp())
+    assert node.raw is None       # freed with the backward, as saved tensors are
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -27,6 +27,7 @@ from torch._functorch._aot_autograd.schemas import MutationType
 
 from tpu_kernels import compile_fast_path
 from tpu_kernels.graph_program import GraphProgram
+from tpu_kernels.tensor import TpuTensor
 
 log = logging.getLogger(__name__)
 ON = os.environ.get("TPU_KERNELS_COMPILE_TRAIN_FAST", "1") not in ("", "0")
@@ -141,6 +142,12 @@ def _as_traced(g: Any, geometry: tuple) -> Any:
     return out.copy_(g)
 
 
+def _tensor(source: tuple) -> TpuTensor:
+    """The tpu tensor of a (storage, geometry) source."""
+    storage, geometry = source
+    return TpuTensor(storage, *geometry)
+
+
 def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     """The autograd.Function running ``forward`` and, in its backward, ``backward``."""
     meta = forward.aot_meta
@@ -148,6 +155,14 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     with_vc, no_vc = meta.tensors_saved_for_backwards_with_vc_check_slice, \
         meta.tensors_saved_for_backwards_no_vc_check_slice
     saved_inputs = _saved_inputs(forward, with_vc)
+    # what each saved value is: an input's position, or None (an activation)
+    kinds = saved_inputs + [None] * (len(forward.gm.graph.output_node().args[0]) - no_vc.start)
+    at_inputs = [k for k in saved_inputs if k is not None]
+    # the saved values leave the forward program as (storage, geometry) sources: the
+    # activations are read by the backward program only (no tpu tensor is made for them,
+    # about 60 in a small GPT's step) and the inputs' own tensors are saved instead
+    forward.raw_from = n_out
+    top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
     tangents = _tangents(backward)
     non_diff = [i for i in range(n_out) if i not in tangents]
     geometry = _tangent_geometry(backward, len(tangents))
@@ -158,10 +173,15 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
         @staticmethod
         def forward(ctx: Any, *args: Any) -> tuple:
             outs = forward(*args)
-            saved = [outs[with_vc.start + j] if k is None else args[k] for j, k in enumerate(saved_inputs)]
+            if top_hooks(True) is None:
+                # inputs saved as themselves: autograd's version check catches a write to
+                # one before backward (an activation is a new value nobody else can write)
+                saved, ctx.raw = [args[k] for k in at_inputs], outs[n_out:]
+            else:    # saved-tensors hooks (checkpointing, offloading) see every saved tensor
+                saved = [_tensor(outs[n_out + j]) if k is None else args[k] for j, k in enumerate(saved_inputs)]
+                ctx.raw, ctx.no_vc = None, outs[no_vc]
             # a view is saved detached (it shares its version counter), as AOTAutograd does
             ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in saved))
-            ctx.no_vc = outs[no_vc]
             if non_diff:
                 ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
             ctx._materialize_non_diff_grads = False
@@ -177,10 +197,15 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
                 raise RuntimeError("This compiled backward function is being run with "
                                    "torch.use_deterministic_algorithms(True), but it was compiled "
                                    "while torch.use_deterministic_algorithms(False) was set.")
-            args = [*ctx.saved_tensors, *ctx.no_vc, *(_as_traced(grads[i], g) for i, g in zip(tangents, geometry))]
+            if ctx.raw is not None:
+                inputs = iter(ctx.saved_tensors)
+                saved = [s if k is None else next(inputs) for s, k in zip(ctx.raw, kinds)]
+            else:
+                saved = [*ctx.saved_tensors, *ctx.no_vc]
+            args = [*saved, *(_as_traced(grads[i], g) for i, g in zip(tangents, geometry))]
             if not keep_graph():      # the saved values go with this backward, as AOTAutograd frees them
                 ctx.maybe_clear_saved_tensors()
-                ctx.no_vc = ()
+                ctx.raw = ctx.no_vc = None
             if torch.is_grad_enabled():       # create_graph=True: a backward of this backward raises
                 return _NoDoubleBackward.apply(backward, _requiring_grad(), *args)
             return tuple(backward(*args))

@@ -28,11 +28,14 @@ _PACKABLE = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: 
              torch.int32: np.int32, torch.bool: np.bool_}
 
 
-def source_of(x: torch.Tensor) -> tuple[Storage, tuple]:
+def source_of(x: torch.Tensor | tuple) -> tuple[Storage, tuple]:
     """The storage and view geometry behind a compiled graph's tensor argument: a tpu
-    tensor, a shadow (whose tensor may be gone), or a CPU tensor (a host array)."""
+    tensor, a shadow (whose tensor may be gone), a CPU tensor (a host array), or a
+    (storage, geometry) source itself."""
     if isinstance(x, TpuTensor):
         return tensor_source(x)
+    if type(x) is tuple:     # already a source: a forward program's raw output (raw_from)
+        return x
     src = shadow.source(x)
     if src is not None:
         return src

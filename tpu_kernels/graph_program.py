@@ -13,7 +13,6 @@ are watched like eager's.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import sys
@@ -30,13 +29,13 @@ from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
 from tpu_kernels.graph_inputs import HostScalars, source_of
+from tpu_kernels.graph_outputs import on_cpu, output_layout, source_of_output
 from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, capturing, concrete
 from tpu_kernels.storage import Storage, to_torch
-from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.tensor import TpuTensor, read, wrap_known, wrap_view, source as tensor_source
 
 log = logging.getLogger(__name__)
@@ -75,6 +74,9 @@ class GraphProgram:
         host = HostWrites(gm, positions)
         self.host = host if host.writes and not self.eager else None
         self.aot_meta = None   # AOTAutograd's metadata of the graph, set by the backend
+        # outputs from this position on leave as (storage, geometry) sources, not tensors:
+        # activations only a backward program reads (compile_train_fast_path) need no wrapper
+        self.raw_from: int | None = None
         self.scalars: HostScalars | None = None   # set below where the program is our own jit
         hooked = next((j for j in (hook(gm, self._trace) for hook in PROGRAM_HOOKS) if j is not None), None)
         # device inputs the graph writes (an optimizer's parameters and moments) are donated:
@@ -115,7 +117,7 @@ class GraphProgram:
             host.write(tensors, updates)
         self.calls += 1
         if self.cpu_outputs:
-            out = [o.cpu() if i in self.cpu_outputs else o for i, o in enumerate(out)]
+            out = [on_cpu(o) if i in self.cpu_outputs else o for i, o in enumerate(out)]
         return out
 
     def lower(self, args: Sequence[Any], key: Any, arrays: Sequence[Any]) -> jax.stages.Lowered:
@@ -131,9 +133,14 @@ class GraphProgram:
         """The jitted function's array arguments from the tensor inputs' arrays."""
         return list(arrays) if self.scalars is None else self.scalars.pack(arrays)
 
-    def _jit(self, donate: bool = True) -> Any:
+    def donated_argnums(self) -> tuple[int, ...]:
+        """Positions of the donated inputs among the jitted function's arguments (after
+        the statics and the key, with host scalars packed)."""
         where = self.scalars.where if self.scalars is not None else None
-        donated = tuple(2 + (k if where is None else where[k]) for k in self.donated) if donate else ()
+        return tuple(2 + (k if where is None else where[k]) for k in self.donated)
+
+    def _jit(self, donate: bool = True) -> Any:
+        donated = self.donated_argnums() if donate else ()
         return jax.jit(self._trace, static_argnums=(0,), donate_argnums=donated)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
@@ -181,7 +188,8 @@ class GraphProgram:
             st.array, st.version = arrays[slot], st.version + 1
         new = {}
         out = []
-        for entry in layout:
+        cut = self.raw_from
+        for entry in layout if cut is None else layout[:cut]:
             if entry[0] == "value":
                 out.append(entry[1])
                 continue
@@ -198,6 +206,8 @@ class GraphProgram:
                 storage = new.get(where) or new.setdefault(where, Storage(arrays[where], None, known[1]))
                 known = known[0]     # (None for an empty view: TpuTensor gives it a torch storage)
             out.append(TpuTensor(storage, *geometry) if known is None else wrap_view(storage, *geometry, known))
+        if cut is not None:
+            out += [source_of_output(e, sources, arrays, new) for e in layout[cut:]]
         return out
 
     def _trace(self, statics: tuple, key: jax.Array, *arrays: jax.Array):
@@ -220,7 +230,7 @@ class GraphProgram:
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
         # (an input the host writes is not a result: the program's copy would not be read)
         host = self.host.written if self.host is not None else ()
-        storages, layout = _output_layout([t._tpu_storage for t in inputs], arrays, result, host)
+        storages, layout = output_layout([t._tpu_storage for t in inputs], arrays, result, host)
         if not set(self.donated) <= {k for k, _ in layout[0]}:
             raise _NotWritten()
         self._layouts[statics] = layout
@@ -304,46 +314,6 @@ def _concrete_like(val: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | 
     for d in reversed(order):
         stride[d], acc = acc, acc * max(shape[d], 1)
     return torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
-
-
-def _output_layout(inputs: list[Storage], arrays: tuple, result: Any,
-                   host_written: Any = ()) -> tuple[list, tuple]:
-    """Which storages leave the jit and how the outputs are cut from them: an output that
-    is a view of an input stays one (geometry over the real input's storage); outputs
-    sharing a new storage keep sharing it; inputs whose storage changed are written,
-    except those at ``host_written`` (positions the host updates)."""
-    storages: list = []
-    slots: dict[int, int] = {}
-
-    def slot(st: Storage) -> int:
-        if id(st) not in slots:
-            slots[id(st)] = len(storages)
-            storages.append(st.array)
-        return slots[id(st)]
-
-    written = [(k, slot(st)) for k, (st, a) in enumerate(zip(inputs, arrays))
-               if st.array is not a and k not in host_written]
-    layout = []
-    shared = collections.Counter(id(o._tpu_storage) for o in result if isinstance(o, TpuTensor))
-    for o in result:
-        if not isinstance(o, TpuTensor):
-            layout.append(("value", o))
-            continue
-        st, geometry = o._tpu_storage, shadow.geometry(o)
-        k = next((k for k, s in enumerate(inputs) if s is st), None)
-        empty = o.numel() == 0     # (TpuTensor gives an empty tensor a torch storage)
-        nbytes = int(st.array.size) * np.dtype(st.array.dtype).itemsize
-        if k is not None:
-            # (the input's storage is known only at the call: whether the view is all of
-            # it is settled there, from whether it has a whole-storage layout and its dtype)
-            whole = geometry[2] == 0 and geometry[1] == strided.contiguous_strides(geometry[0])
-            layout.append(("input", k, geometry, None if empty else (whole, np.dtype(to_jax_dtype(geometry[3])))))
-        elif o._tpu_direct and shared[id(st)] == 1 and not empty and id(st) not in slots:
-            # rebuilt without recomputing its layout: (size, strides, dtype, bytes)
-            layout.append(("whole", slot(st), (geometry[0], geometry[1], geometry[3], nbytes), None))
-        else:
-            layout.append(("new", slot(st), geometry, (None if empty else o._tpu_direct, nbytes)))
-    return storages, (written, layout)
 
 
 def _constants_on_device(gm: torch.fx.GraphModule) -> None:

@@ -87,8 +87,9 @@ def take_watched(owned: Callable[[Any], bool]) -> list[tuple[Any, str, list]]:
     return mine
 
 
-def watch(flags: Any, op: str, checks: list) -> None:
-    """Remember an op's check flags (a jax bool vector, one per check in ``checks``)."""
+def watch(flags: Any, op: Any, checks: list) -> None:
+    """Remember an op's check flags (a jax bool vector, one per check in ``checks``);
+    ``op``: its name, or the OpOverload (named only if a check fails)."""
     with _lock:
         _watched.append((flags, op, checks))
         overflow = len(_watched) > MAX_WATCHED

@@ -239,3 +239,39 @@ def test_multihead_attention_inference_fast_path(average):
         assert_same(want[0], got[0], atol=1e-5, rtol=1e-5)
         assert_same(want[1], got[1], atol=1e-5, rtol=1e-5)
         assert tpu(q.to("tpu"), kv.to("tpu"), kv.to("tpu"), need_weights=False)[1] is None
+
+
+@pytest.mark.parametrize("padding", ["left aligned", "not left aligned", "float"])
+def test_transformer_encoder_nested_path_runs_padded(padding):
+    """``nn.TransformerEncoder`` in eval mode with a padding mask packs the batch into a
+    nested tensor on CPU and CUDA; on tpu it runs the layers on the padded batch: the same
+    outputs, padded positions (zero before the final norm) included."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, norm=torch.nn.LayerNorm(16)).eval()
+    tpu = copy.deepcopy(encoder).to("tpu")
+    x = _rand(3, 6, 16)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[0, 4:] = True
+    pad[2, 1:] = True
+    if padding == "not left aligned":     # torch's own check sends this one down the padded path
+        pad[1, 0] = True
+    mask = pad.float() * -1e9 if padding == "float" else pad
+    with torch.no_grad():
+        want = encoder(x, src_key_padding_mask=mask)
+        got = tpu(x.to("tpu"), src_key_padding_mask=mask.to("tpu"))
+    assert_same(want, got, atol=1e-5, rtol=1e-5)
+
+
+def test_nested_tensor_from_mask_left_aligned_matches_cpu():
+    t = torch.zeros(2, 2, 4)
+    for rows in ([[1, 1], [1, 0]], [[0, 0], [0, 1]], [[0, 0], [1, 1]], [[1, 0], [0, 1]], [[0, 1], [1, 1]]):
+        mask = torch.tensor(rows, dtype=torch.bool)
+        assert torch._nested_tensor_from_mask_left_aligned(t.to("tpu"), mask.to("tpu")) == \
+            torch._nested_tensor_from_mask_left_aligned(t, mask), rows
+    with pytest.raises(RuntimeError, match="Mask size should match input size"):
+        torch._nested_tensor_from_mask_left_aligned(t.to("tpu"), torch.ones(2, 3, dtype=torch.bool, device="tpu"))
+    with pytest.raises(RuntimeError, match="Expected mask to be of ScalarType Bool, but got Float"):
+        torch._nested_tensor_from_mask_left_aligned(t.to("tpu"), torch.ones(2, 2, device="tpu"))
+    with pytest.raises(NotImplementedError, match="nested tensors are not supported on the tpu device"):
+        torch._nested_tensor_from_mask(t.to("tpu"), torch.ones(2, 2, dtype=torch.bool, device="tpu"))

@@ -93,7 +93,7 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
             except Exception as exc:
                 out, flags = _call_failed(op, compiled, dyn, args, exc)
             if flags is not None:
-                errors.watch(flags, str(op), compiled.fn.checks)
+                errors.watch(flags, op, compiled.fn.checks)
             return wrap_fast(out[0], *single)
     return run_call(op, args, kwargs)
 
@@ -127,7 +127,7 @@ def _record_one(op: OpOverload, compiled: CompiledCall, dyn: list, single: tuple
         spec = compiled.lazy_spec = lazy.out_spec(compiled.fn, dyn)
     leaves = lazy.record_leaves(compiled.fn, dyn, spec[0])
     if len(leaves) > 1:      # (its result, then its check flags)
-        errors.watch(leaves[1], str(op), compiled.fn.checks)
+        errors.watch(leaves[1], op, compiled.fn.checks)
     return wrap_fast(leaves[0], *single)
 
 
@@ -375,7 +375,7 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
         if trace is not None:   # traced: the flags become outputs of the compiled graph
             trace.add_checks(flags, str(op), compiled.fn.checks)
         else:
-            errors.watch(flags, str(op), compiled.fn.checks)
+            errors.watch(flags, op, compiled.fn.checks)
     return out
 
 

@@ -7,15 +7,31 @@ run as what it computes, the modules' slow path in torch functions (in-projectio
 attention, out-projection; the layer's norms and feed-forward), whose ops the registry
 runs (attention through ``scaled_dot_product_attention``'s fused op).
 
+``nn.TransformerEncoder`` goes further in eval mode with a padding mask: it packs the
+batch into a nested tensor (``_nested_tensor_from_mask``), runs its layers on it, and pads
+the result with zeros (``to_padded_tensor``). The tpu device has no nested tensors, so
+there the encoder runs the same layers on the padded batch with the padding mask (each
+sequence attends to its own tokens, as nested) and zeroes the padded positions before its
+final norm: the nested path's result. ``_nested_tensor_from_mask_left_aligned`` (the
+check that picks the path) runs as torch's.
+
 The merged mask: ``mask_type`` 0 is an attention mask [L, S], 1 a key padding mask [B, S],
 2 both merged to [B, H, L, S] (``MultiheadAttention.merge_masks``); a bool mask marks the
 positions not attended to, a float one is added, as in ``F.multi_head_attention_forward``.
 """
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+import torch
 import torch.nn.functional as F
 
 from tpu_kernels.registry import runtime_handler
+
+
+class NestedTensorsUnsupported(NotImplementedError):
+    """A nested tensor was asked for on the tpu device."""
 
 
 @runtime_handler("aten::_native_multi_head_attention")
@@ -65,3 +81,53 @@ def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
         return x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
     x = norm(src + attend(src), norm_weight_1, norm_bias_1)
     return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
+
+
+@runtime_handler("aten::_nested_tensor_from_mask_left_aligned")
+def nested_tensor_from_mask_left_aligned(op, args, kwargs):
+    """Whether every row of ``mask`` [N, L] is its True entries, then its False ones."""
+    t, mask = (*args, *kwargs.values())[:2]
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"Expected mask to be of ScalarType Bool, but got {_name(mask.dtype)} instead.")
+    if mask.dim() != 2 or t.dim() != 3 or tuple(mask.shape) != tuple(t.shape[:2]):
+        raise RuntimeError(f"Mask size should match input size (input {tuple(t.shape)}, "
+                           f"mask {tuple(mask.shape)}; a 3-D input and a 2-D mask)")
+    return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
+
+
+def _name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int"}.get(dtype, str(dtype))
+
+
+@runtime_handler("aten::_nested_tensor_from_mask")
+def nested_tensor_from_mask(op, args, kwargs):
+    t, mask = (*args, *kwargs.values())[:2]
+    raise NestedTensorsUnsupported(
+        f"{op}: nested tensors are not supported on the tpu device (input {tuple(t.shape)} "
+        f"{t.dtype}, mask {tuple(mask.shape)}): keep the padded tensor and its mask")
+
+
+def _padded_encoder(encoder: torch.nn.TransformerEncoder, src: torch.Tensor, padding: torch.Tensor,
+                    is_causal: Any) -> torch.Tensor:
+    """What the encoder's nested path computes, on the padded batch (see above)."""
+    out = src
+    for layer in encoder.layers:
+        out = layer(out, src_mask=None, is_causal=bool(is_causal), src_key_padding_mask=padding)
+    out = out.masked_fill(padding.to(torch.bool).unsqueeze(-1), 0)   # (batch first: the path's condition)
+    return out if encoder.norm is None else encoder.norm(out)
+
+
+def _encoder_forward_with_padding(forward: Any) -> Any:
+    @functools.wraps(forward)
+    def wrapper(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        try:
+            return forward(self, src, mask, src_key_padding_mask, is_causal)
+        except NestedTensorsUnsupported:
+            if src_key_padding_mask is None:
+                raise
+            return _padded_encoder(self, src, src_key_padding_mask, is_causal)
+    return wrapper
+
+
+torch.nn.TransformerEncoder.forward = _encoder_forward_with_padding(torch.nn.TransformerEncoder.forward)

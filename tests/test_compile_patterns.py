@@ -1,7 +1,8 @@
 """torch.compile(backend="tpu") the ways users write it (issue 17): compiled models with the
 loss and backward outside, several outputs, gradients crossing between compiled and eager
 code both ways, ``torch.tensor(data, device=...)`` inside compiled code, eager runs before
-and after compiling, graph breaks, and torch.compile's ``mode``/``options``. Every case
+and after compiling, graph breaks, torch.compile's ``mode``/``options``, copies to the host and
+effectful ops (linalg's error checks) inside compiled code. Every case
 matches the same code on CPU."""
 from __future__ import annotations
 
@@ -389,3 +390,44 @@ def test_compiled_nn_transformer_trains_over_two_lengths():
         got.sum().backward()
         want.sum().backward()
         grads_close(tpu, cpu)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: (x @ w).cpu() * 2,                                   # a result brought to the host
+    lambda x, w: ((x @ w).to("cpu") * 3).to("tpu").relu().sum(),      # to the host and back
+    lambda x, w: ((x @ w).relu().cpu() ** 2).sum(),                   # a host loss
+], ids=["cpu result", "there and back", "host loss"])
+def test_copies_to_the_host_inside_compiled_code(fn):
+    """``.cpu()`` inside a compiled function: inside the program a CPU tensor is a value
+    like any other, and torch gets the graph's CPU results on the CPU; gradients flow back."""
+    torch.manual_seed(0)
+    w_cpu, x = torch.randn(4, 3, requires_grad=True), torch.randn(2, 4)
+    w = w_cpu.detach().to("tpu").requires_grad_()
+    got, want = torch.compile(fn, backend="tpu")(x.to("tpu"), w), fn(x, w_cpu)
+    assert got.device == want.device
+    close(got.detach(), want.detach().cpu())
+    got.sum().backward()
+    want.sum().backward()
+    close(w.grad, w_cpu.grad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.linalg.solve(a, b),
+    lambda a, b: torch.linalg.cholesky(a) @ b,
+    lambda a, b: torch.linalg.inv(a) @ b,
+], ids=["solve", "cholesky", "inv"])
+def test_linalg_with_its_error_check_compiled(fn, grad):
+    """torch.linalg's solvers check their ``info`` through an effectful op
+    (``_linalg_check_errors``), which AOTAutograd threads with effect tokens (``None`` at
+    run time) through ``with_effects``: the compiled program runs it like any other op."""
+    torch.manual_seed(0)
+    m = torch.randn(4, 4)
+    a_cpu, b = (m @ m.T + 4 * torch.eye(4)).requires_grad_(grad), torch.randn(4, 2)
+    a = a_cpu.detach().to("tpu").requires_grad_(grad)
+    got, want = torch.compile(fn, backend="tpu")(a, b.to("tpu")), fn(a_cpu, b)
+    close(got.detach(), want.detach(), atol=1e-4, rtol=1e-4)
+    if grad:
+        got.abs().sum().backward()
+        want.abs().sum().backward()
+        close(a.grad, a_cpu.grad, atol=1e-4, rtol=1e-4)

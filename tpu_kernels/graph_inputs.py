@@ -13,6 +13,7 @@ saw before.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -34,6 +35,8 @@ def source_of(x: torch.Tensor | tuple) -> tuple[Storage, tuple]:
     (storage, geometry) source itself."""
     if isinstance(x, TpuTensor):
         return tensor_source(x)
+    if x is None:    # an effect token (runtime_ops/effects.py): AOTAutograd passes None
+        return _token()
     if type(x) is tuple:     # already a source: a forward program's raw output (raw_from)
         return x
     src = shadow.source(x)
@@ -44,6 +47,16 @@ def source_of(x: torch.Tensor | tuple) -> tuple[Storage, tuple]:
     raise RuntimeError(
         f"a compiled tpu graph got a tensor it cannot read (shape {tuple(x.shape)}, "
         f"{x.dtype}, device {x.device}): only tpu and CPU tensors can be its inputs")
+
+
+def _token() -> tuple[Storage, tuple]:
+    """The source of an effect token: an empty array (each call its own storage)."""
+    return Storage(_empty_token(), 0, 0), ((0,), (1,), 0, torch.float32)
+
+
+@functools.cache
+def _empty_token() -> Any:
+    return np.zeros(0, np.float32)
 
 
 def _host(t: torch.Tensor) -> tuple[Storage, tuple]:

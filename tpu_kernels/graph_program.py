@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, optimization_hint
+from torch.utils._python_dispatch import _disable_current_modes
 
 from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
@@ -241,8 +242,11 @@ class GraphProgram:
 
     def _run_graph(self, args: list, key: jax.Array) -> tuple[Any, list]:
         """The graph's nodes dispatched inside this trace: random ops take keys from
-        ``key``, check flags become outputs, results take torch's strides."""
-        with tracing(GraphTrace(key)) as trace, torch.no_grad():
+        ``key``, check flags become outputs, results take torch's strides. Dispatch modes
+        torch holds around the call (AOTAutograd's custom-op check on a first call) are
+        off: the nodes run on the trace's values, not as torch-level ops (and that mode
+        would turn a higher-order op on tpu tensors into NotImplemented)."""
+        with tracing(GraphTrace(key)) as trace, torch.no_grad(), _disable_current_modes():
             result = _StridedRun(self.gm).run(*args)
         self.n_random = max(self.n_random, trace.random_ops)
         return result, trace.checks

@@ -6,11 +6,12 @@ hidden running-stats update (``batch_norm``), convolution results' memory format
 ``rms_norm``, ``ctc_loss``), random ops recomputed by activation checkpointing (``checkpoint_rng``),
 ``nn.MultiheadAttention``/``nn.TransformerEncoderLayer``'s fused inference ops
 (``transformer_fastpath``), every ``out=`` overload through its functional op (``out_variants``),
-``torch.cond``, ``scan`` and ``map`` on tpu tensors (``control_flow``).
+``torch.cond``, ``scan`` and ``map`` on tpu tensors (``control_flow``), effectful ops'
+tokens in compiled graphs (``effects``).
 Importing the package registers them all.
 """
-from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, control_flow, conv_layout, copies, ctc_loss, empty,
+from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, control_flow, conv_layout, copies, ctc_loss, effects, empty,
                                      fused_composites, metadata_ops, out_variants, rms_norm, transformer_fastpath)
 
-__all__ = ["batch_norm", "checkpoint_rng", "control_flow", "conv_layout", "copies", "ctc_loss", "empty", "fused_composites", "metadata_ops",
+__all__ = ["batch_norm", "checkpoint_rng", "control_flow", "conv_layout", "copies", "ctc_loss", "effects", "empty", "fused_composites", "metadata_ops",
            "out_variants", "rms_norm", "transformer_fastpath"]

@@ -7,6 +7,7 @@ import torch
 
 from tpu_kernels import devices, errors
 from tpu_kernels.dispatch import run_call
+from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.dtypes import to_jax_dtype
@@ -23,17 +24,20 @@ def local_scalar_dense(op, args, kwargs):
 @runtime_handler("aten::_to_copy")
 def to_copy(op, args, kwargs):
     """``t.to("cpu")`` copies to the host here; anything else (dtype casts on the device)
-    runs the registered ``_to_copy`` impl."""
+    runs the registered ``_to_copy`` impl. Inside a compiled graph's program every value,
+    a CPU tensor's too, is a tpu tensor over the trace: the copy stays one there, and the
+    program gives torch the graph's CPU outputs on the CPU once it has run."""
     x = args[0]
     device = kwargs.get("device")
-    if device is not None and torch.device(device).type == "cpu":
+    if device is not None and torch.device(device).type == "cpu" and graph_trace.active() is None:
         errors.raise_pending()
         out = to_torch(read(x), x.dtype)
         dtype = kwargs.get("dtype")
         return out.to(dtype) if dtype is not None and dtype != out.dtype else out
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
     out = laid_out(run_call(op, args, kwargs), x, kwargs.get("memory_format"))
-    if device is not None and devices.index(device) != x._tpu_storage.index:   # tpu:i -> tpu:j
+    if device is not None and torch.device(device).type != "cpu" and devices.index(device) != x._tpu_storage.index:
+        # tpu:i -> tpu:j
         i = devices.index(device)
         out = TpuTensor(Storage(jax.device_put(read(out), devices.jax_device(i)), i), out.shape, None, 0, out.dtype)
     return out

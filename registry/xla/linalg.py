@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
+from tpu_kernels.registry.context import check
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import float_compute
 
@@ -333,8 +335,49 @@ def linalg_cross(self, other, *, dim=-1):
 
 @xla("aten::_linalg_check_errors.default")
 def linalg_check_errors(info, api_name, *, is_matrix):
-    # error flags need device values; torch's host-side check is not reproduced
+    """Inside compiled and deferred programs: a device-side check raised at the next
+    synchronisation (eager tpu reads ``info`` at once, as torch's CUDA does:
+    ``runtime_ops/linalg_checks.py``)."""
+    exc, message = linalg_error(api_name, None, None)
+    check(info == 0, message, exc)
     return None
+
+
+def linalg_error(api_name: str, code: int | None, batch: int | None) -> tuple[type, str]:
+    """The exception torch raises for a failed linalg call: its type and message, for
+    error ``code`` (an ``info`` value; None: unknown, the check is on the device) of
+    batch element ``batch`` (None: a single matrix)."""
+    n = "?" if code is None else code
+    where = "" if batch is None else f"(Batch element {batch}): "
+    exc = torch.linalg.LinAlgError
+    if code is not None and code < 0:
+        text = f"Argument {-code} has illegal value. Most certainly there is a bug in the implementation calling the backend library."
+    elif "inv" in api_name:
+        text = f"The diagonal element {n} is zero, the inversion could not be completed because the input matrix is singular."
+    elif "solve" in api_name:
+        text = "The solver failed because the input matrix is singular."
+    elif "cholesky" in api_name:
+        text = ("The factorization could not be completed because the input is not positive-definite "
+                f"(the leading minor of order {n} is not positive-definite).")
+    elif "svd" in api_name:
+        text = ("The algorithm failed to converge because the input matrix is ill-conditioned or has "
+                f"too many repeated singular values (error code: {n}).")
+    elif "eig" in api_name or "syevd" in api_name:
+        text = ("The algorithm failed to converge because the input matrix is ill-conditioned or has "
+                f"too many repeated eigenvalues (error code: {n}).")
+    elif "lstsq" in api_name:
+        text = ("The least squares solution could not be computed because the input matrix does not "
+                f"have full rank (error code: {n}).")
+    elif "lu_factor" in api_name:
+        exc = RuntimeError
+        text = (f"U[{n},{n}] is zero and using it on lu_solve would result in a division by zero. If you "
+                "still want to perform the factorization, consider calling linalg.lu(A, pivot) or "
+                "linalg.lu_factor_ex(A, pivot)")
+    else:
+        exc, text = RuntimeError, f"Unknown error code {n}."
+    if code is None:
+        text += " (checked on the device, raised at the next synchronisation)"
+    return exc, f"{api_name}: {where}{text}"
 
 
 @xla("aten::linalg_lstsq.default", data_dependent=True)

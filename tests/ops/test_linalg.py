@@ -344,3 +344,37 @@ def test_hfft():  # hfft is _fft_c2r(x.conj()): needs the runtime's conj views
 
 def test_fft_grad():
     check(lambda a: torch.fft.rfft(a).abs(), _rand(3, 8).requires_grad_(), grad=True)
+
+
+SINGULAR = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+CHECKED = {  # calls whose failure torch raises (through aten._linalg_check_errors)
+    "solve": lambda a: torch.linalg.solve(a, torch.ones(*a.shape[:-1], 1, device=a.device)),
+    "cholesky": torch.linalg.cholesky,
+    "inv": torch.linalg.inv,
+    "inverse": torch.inverse,
+}
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("call", list(CHECKED))
+def test_a_failed_linalg_call_raises_as_torch_does(call, batched):
+    """Eager: the error code is read at once (a host sync, as on CUDA), so the exception,
+    its type and torch's message come from the call itself."""
+    a = torch.stack([torch.eye(2), SINGULAR]) if batched else SINGULAR
+    with pytest.raises(torch.linalg.LinAlgError) as want:
+        CHECKED[call](a)
+    with pytest.raises(torch.linalg.LinAlgError) as got:
+        CHECKED[call](a.to("tpu"))
+    assert str(got.value) == str(want.value)
+    CHECKED[call](torch.eye(2, device="tpu") * 2)      # a good matrix raises nothing
+
+
+def test_a_failed_linalg_call_in_compiled_code_raises_by_the_next_sync():
+    """Compiled: a device-side check, raised at a synchronisation (the call's own, or the
+    next read); a good matrix raises nothing."""
+    torch._dynamo.reset()
+    cholesky = torch.compile(torch.linalg.cholesky, backend="tpu")
+    cholesky(torch.eye(2, device="tpu") * 4).cpu()
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.cholesky: The factorization could not"):
+        cholesky(SINGULAR.to("tpu")).cpu()
+    torch._dynamo.reset()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 
 import jax
@@ -40,9 +41,13 @@ class Storage:
         self.nbytes = memory.allocate(self.index, array, nbytes)
         self.placement = None   # a sharding every write keeps (``place``), else None
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
         if hasattr(self, "nbytes"):   # a storage whose __init__ did not finish counted nothing
-            memory.free(self.index, self.nbytes)
+            try:
+                memory.free(self.index, self.nbytes)
+            except (TypeError, AttributeError):
+                if not _finalizing():    # (at interpreter exit the modules' globals are gone)
+                    raise
 
     def __reduce__(self):
         """Pickled as a host copy and its location ("tpu:0"); ``rebuild_storage`` restores it."""

@@ -97,6 +97,13 @@ def meta_like(op_name: str, like: str) -> None:
     _META_LIB.impl(op_name, lambda *args, **kw: torch.empty_like(args[pos]), "Meta")
 
 
+def meta_nothing(op_name: str) -> None:
+    """Give an in-place ATen op that returns nothing, shipped without a Meta kernel (the
+    fused SGD and Adagrad steps), one that does nothing: its results are its arguments."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op_name}", "Meta"):
+        _META_LIB.impl(op_name, lambda *args, **kw: None, "Meta")
+
+
 def is_int(dt) -> bool:
     """An integer or bool dtype."""
     return jnp.issubdtype(dt, jnp.integer) or np.dtype(dt) == np.bool_

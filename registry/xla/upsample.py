@@ -223,13 +223,19 @@ def _reflect(c, twice_low: int, twice_high: int):
     return jnp.where(jnp.fmod(flips, 2) == 0, extra + lo, span - extra + lo)
 
 
+def _clip_coord(c, size: int):
+    """torch's clip_coordinates: ``c`` clamped to [0, size - 1], with a zero gradient on
+    the borders themselves (torch counts them out of bounds; ``jnp.clip`` would give half)."""
+    return jnp.where(c <= 0, 0.0, jnp.where(c >= size - 1, float(size - 1), c)).astype(c.dtype)
+
+
 def _pad_coord(c, size: int, padding_mode: int, align_corners: bool):
     """torch's compute_coordinates: apply border / reflection padding to a source coordinate."""
     if padding_mode == _BORDER:
-        return jnp.clip(c, 0, size - 1)
+        return _clip_coord(c, size)
     if padding_mode == _REFLECTION:
         c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
-        return jnp.clip(c, 0, size - 1)
+        return _clip_coord(c, size)
     return c
 
 

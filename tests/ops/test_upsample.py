@@ -89,6 +89,20 @@ def test_grid_sampler_3d():
                   x, grid, grad=mode != "nearest", msg=f"{mode} {padding_mode}")
 
 
+@pytest.mark.parametrize("nd", [2, 3])
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_gradient_on_the_borders(align_corners, padding_mode, nd):
+    """An identity ``affine_grid`` (a spatial transformer at rest) puts points exactly on
+    the border pixels, which torch's clamp counts as out of bounds: their grid gradient is
+    zero, where a plain clamp's would be half."""
+    size = (1, 2) + (4,) * nd
+    grid = F.affine_grid(torch.eye(nd, nd + 1)[None], size, align_corners=align_corners)
+    grid = torch.cat([grid, grid * 1.1 + 0.05], dim=1).requires_grad_()
+    check(lambda x, g: F.grid_sample(x, g, padding_mode=padding_mode, align_corners=align_corners),
+          _r(*size, grad=True), grid, grad=True)
+
+
 @pytest.mark.parametrize("mode", ["reflect", "replicate"])
 def test_pad(mode):
     check(lambda x: F.pad(x, (2, 3), mode=mode), _r(2, 3, 5, grad=True), grad=True)

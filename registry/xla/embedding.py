@@ -1,4 +1,5 @@
-"""Embedding lowerings: embedding, embedding_dense_backward, _embedding_bag and its backwards, one_hot.
+"""Embedding lowerings: embedding, embedding_dense_backward, embedding_renorm_ (``max_norm``),
+_embedding_bag and its backwards, one_hot.
 
 Out-of-range indices follow ``_index.py``: reads fill 0, writes drop, a deferred check raises as torch.
 """
@@ -17,6 +18,18 @@ from tpu_kernels.registry.xla._util import float_compute
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     in_range(indices, weight.shape[0], "index out of range in self")
     return jnp.take(weight, indices, axis=0, mode="fill", fill_value=0)
+
+
+@xla("aten::embedding_renorm_", static=("norm_type",))
+def embedding_renorm_(self, indices, max_norm, norm_type):
+    """``nn.Embedding(max_norm=...)``: each row ``indices`` names whose ``norm_type``-norm
+    exceeds ``max_norm`` is scaled to ``max_norm`` (over ``norm + 1e-7``, as torch), in place."""
+    acc = float_compute(self.dtype)
+    w = self.astype(acc)
+    named = jnp.zeros(self.shape[0], bool).at[indices.reshape(-1)].set(True, mode="drop")
+    norm = jnp.linalg.vector_norm(w, ord=norm_type, axis=1)
+    scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1)
+    return (w * scale[:, None]).astype(self.dtype)
 
 
 @xla("aten::embedding_dense_backward")

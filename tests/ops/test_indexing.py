@@ -2,6 +2,8 @@
 advanced_indexing.py, masks.py, embedding.py)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers import check, to_tpu
@@ -334,3 +336,24 @@ def test_embedding_bag(mode):
     if mode == 0:
         psw = r(8)
         check(lambda w, i, o, p: torch.nn.functional.embedding_bag(i, w, o, per_sample_weights=p, mode="sum"), w, i, o, psw)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_embedding_max_norm_renorms_the_rows_it_reads(norm_type, compiled):
+    """``nn.Embedding(max_norm=...)`` rescales, in place, each row the lookup reads whose
+    norm exceeds ``max_norm`` (``aten.embedding_renorm_``); other rows stay; gradients flow."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Embedding(10, 4, max_norm=1.0, norm_type=norm_type)
+    with torch.no_grad():
+        cpu.weight.mul_(3)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    idx = torch.tensor([[1, 2], [2, 7]])
+    run = torch.compile(tpu, backend="tpu") if compiled else tpu
+    torch._dynamo.reset()
+    want, got = cpu(idx), run(idx.to("tpu"))
+    want.pow(2).sum().backward()
+    got.pow(2).sum().backward()
+    for a, b in ((got, want), (tpu.weight, cpu.weight), (tpu.weight.grad, cpu.weight.grad)):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()

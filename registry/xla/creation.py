@@ -9,9 +9,11 @@ from tpu_kernels.registry.decorator import xla
 
 @xla("aten::empty.memory_format", "aten::empty_strided", "aten::zeros", "aten::empty_like",
      "aten::zeros_like", "aten::new_zeros", "aten::new_empty", "aten::new_empty_strided",
-     "aten::empty_permuted")
+     "aten::empty_permuted", "aten::_efficientzerotensor")
 def zeros(*args, **kwargs):
-    # "empty" is zero-filled: deterministic, and free under XLA
+    # "empty" is zero-filled: deterministic, and free under XLA. _efficientzerotensor (the
+    # zero tangents of forward-mode AD, jacfwd) is a plain zero tensor: the same values,
+    # without ZeroTensor's skipped arithmetic
     return jnp.zeros(out_shape(), out_dtype())
 
 

@@ -20,6 +20,7 @@ FACTORIES = (
     "eye.m", "linspace", "logspace", "rand", "randn", "randint", "randint.low",
     "randperm", "tril_indices", "triu_indices", "normal.float_float", "rand.generator",
     "randn.generator", "randint.generator", "randint.low_generator", "randperm.generator",
+    "_efficientzerotensor",
 )
 _LIB = torch.library.Library("aten", "IMPL")
 

@@ -166,3 +166,21 @@ def test_a_compiled_optimizer_step_leaves_the_stage_hook_out_of_its_graph():
             step()
         counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     assert counts[1:] == counts[:1] * 3, counts
+
+
+def test_a_compiled_function_taking_gradients_inside_deferred_mode():
+    """torch.autograd.grad inside a compiled function (a graph break) starts a backward
+    from compiled code's eager stretch: the backward-start hook (deferred mode's flush, JAX
+    code) must run as it is, not be traced by Dynamo."""
+    def f(x):
+        out = x.roll(1, 0) * 2
+        g, = torch.autograd.grad((out ** 2).sum(), [x])
+        return out.detach(), g
+    x = torch.randn(4, 3)
+    want = f(x.clone().requires_grad_())
+    torch._dynamo.reset()
+    with deferred_mode.deferred():
+        got = torch.compile(f, backend="tpu")(x.to("tpu").requires_grad_())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b)
+    torch._dynamo.reset()

@@ -19,6 +19,7 @@ import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from tpu_kernels import code_memory, devices, errors, jax_cache, memory, random_state, streams
+from tpu_kernels.untraced import untraced
 
 
 def synchronize(device: Any = None) -> None:
@@ -141,8 +142,8 @@ def _backward_on_the_calling_thread() -> None:
 
     @functools.wraps(run_backward)
     def wrapper(*args, **kwargs):
-        for hook in BACKWARD_STARTS:
-            hook()
+        if BACKWARD_STARTS:
+            _backward_starts()
         if not torch._C._is_multithreading_enabled():
             return run_backward(*args, **kwargs)
         with torch.autograd.set_multithreading_enabled(False):
@@ -150,6 +151,15 @@ def _backward_on_the_calling_thread() -> None:
 
     torch.autograd.graph._engine_run_backward = wrapper
     torch.autograd._engine_run_backward = wrapper
+
+
+@untraced
+def _backward_starts() -> None:
+    """Run the ``BACKWARD_STARTS`` hooks. Untraced: a backward started from compiled code's
+    eager stretch (``torch.autograd.grad`` inside a compiled function) runs this frame
+    under Dynamo's frame hook, and a hook (deferred mode's flush) runs JAX."""
+    for hook in BACKWARD_STARTS:
+        hook()
 
 
 class _DeviceGuard(torch._C._acc.DeviceGuard):

@@ -26,8 +26,8 @@ from torch._functorch._aot_autograd import utils as aot_utils
 from torch._functorch._aot_autograd.schemas import MutationType
 
 from tpu_kernels import compile_fast_path
+from tpu_kernels.graph_outputs import tensor_of
 from tpu_kernels.graph_program import GraphProgram
-from tpu_kernels.tensor import TpuTensor
 
 log = logging.getLogger(__name__)
 ON = os.environ.get("TPU_KERNELS_COMPILE_TRAIN_FAST", "1") not in ("", "0")
@@ -142,12 +142,6 @@ def _as_traced(g: Any, geometry: tuple) -> Any:
     return out.copy_(g)
 
 
-def _tensor(source: tuple) -> TpuTensor:
-    """The tpu tensor of a (storage, geometry) source."""
-    storage, geometry = source
-    return TpuTensor(storage, *geometry)
-
-
 def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     """The autograd.Function running ``forward`` and, in its backward, ``backward``."""
     meta = forward.aot_meta
@@ -178,7 +172,7 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
                 # one before backward (an activation is a new value nobody else can write)
                 saved, ctx.raw = [args[k] for k in at_inputs], outs[n_out:]
             else:    # saved-tensors hooks (checkpointing, offloading) see every saved tensor
-                saved = [_tensor(outs[n_out + j]) if k is None else args[k] for j, k in enumerate(saved_inputs)]
+                saved = [tensor_of(outs[n_out + j]) if k is None else args[k] for j, k in enumerate(saved_inputs)]
                 ctx.raw, ctx.no_vc = None, outs[no_vc]
             # a view is saved detached (it shares its version counter), as AOTAutograd does
             ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in saved))

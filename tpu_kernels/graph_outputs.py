@@ -56,9 +56,15 @@ def output_layout(inputs: list[Storage], arrays: tuple, result: Any,
     return storages, (written, layout)
 
 
+def tensor_of(source: tuple) -> TpuTensor:
+    """The tpu tensor of a (storage, geometry) source."""
+    storage, geometry = source
+    return TpuTensor(storage, *geometry)
+
+
 def on_cpu(out: Any) -> torch.Tensor:
     """An output torch expects on the CPU (``out`` a tpu tensor or a raw source)."""
-    return (TpuTensor(out[0], *out[1]) if type(out) is tuple else out).cpu()
+    return (tensor_of(out) if type(out) is tuple else out).cpu()
 
 
 def source_of_output(entry: tuple, sources: list, arrays: list, new: dict) -> Any:

@@ -44,6 +44,15 @@ xla("aten::_fused_adamw_.default", "aten::_fused_adamw_.tensor_lr")(_fused(adamw
 xla("aten::_fused_adam_.default", "aten::_fused_adam_.tensor_lr")(_fused(adamw=False))
 
 
+def _direction(p, g, grad_scale, maximize, weight_decay):
+    """The float32 step direction of SGD and Adagrad: the gradient unscaled, negated for
+    ``maximize``, plus weight decay (numbers arrive traced: nothing branches on them)."""
+    d = g.astype(jnp.float32)
+    d = d / grad_scale if grad_scale is not None else d
+    d = -d if maximize else d
+    return d + weight_decay * p.astype(jnp.float32)
+
+
 for _op in ("_fused_sgd_", "_fused_sgd_.tensor_lr", "_fused_adagrad_", "_fused_adagrad_.tensor_lr"):
     meta_nothing(_op)
 
@@ -54,9 +63,7 @@ def fused_sgd(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, 
     skip, f = _skip(found_inf), jnp.float32
     params, bufs = [], []
     for k, (p, g) in enumerate(zip(self, grads)):
-        d = g.astype(f) / grad_scale if grad_scale is not None else g.astype(f)
-        d = -d if maximize else d
-        d = d + weight_decay * p.astype(f)      # (numbers arrive traced: no branch on them)
+        d = _direction(p, g, grad_scale, maximize, weight_decay)
         if momentum_buffer_list:                 # torch passes buffers only with momentum
             b = d if is_first_step else momentum * momentum_buffer_list[k].astype(f) + (1 - dampening) * d
             bufs.append(jnp.where(skip, momentum_buffer_list[k], b.astype(momentum_buffer_list[k].dtype)))
@@ -71,9 +78,7 @@ def fused_adagrad(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_
     skip, f = _skip(found_inf), jnp.float32
     params, sums = [], []
     for p, g, s, step in zip(self, grads, state_sums, state_steps):
-        d = g.astype(f) / grad_scale if grad_scale is not None else g.astype(f)
-        d = -d if maximize else d
-        d = d + weight_decay * p.astype(f)
+        d = _direction(p, g, grad_scale, maximize, weight_decay)
         clr = lr / (1 + (jnp.asarray(step, f) - 1) * lr_decay)     # (the step is already counted)
         total = s.astype(f) + d * d
         sums.append(jnp.where(skip, s, total.astype(s.dtype)))

@@ -6,8 +6,7 @@ import jax
 import torch
 
 from tpu_kernels import devices, errors
-from tpu_kernels.dispatch import run_call
-from tpu_kernels.dispatch import graph_trace
+from tpu_kernels.dispatch import graph_trace, run_call
 from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.dtypes import to_jax_dtype
@@ -29,15 +28,15 @@ def to_copy(op, args, kwargs):
     program gives torch the graph's CPU outputs on the CPU once it has run."""
     x = args[0]
     device = kwargs.get("device")
-    if device is not None and torch.device(device).type == "cpu" and graph_trace.active() is None:
+    to_cpu = device is not None and torch.device(device).type == "cpu"
+    if to_cpu and graph_trace.active() is None:
         errors.raise_pending()
         out = to_torch(read(x), x.dtype)
         dtype = kwargs.get("dtype")
         return out.to(dtype) if dtype is not None and dtype != out.dtype else out
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
     out = laid_out(run_call(op, args, kwargs), x, kwargs.get("memory_format"))
-    if device is not None and torch.device(device).type != "cpu" and devices.index(device) != x._tpu_storage.index:
-        # tpu:i -> tpu:j
+    if device is not None and not to_cpu and devices.index(device) != x._tpu_storage.index:   # tpu:i -> tpu:j
         i = devices.index(device)
         out = TpuTensor(Storage(jax.device_put(read(out), devices.jax_device(i)), i), out.shape, None, 0, out.dtype)
     return out

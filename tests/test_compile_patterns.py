@@ -146,7 +146,11 @@ def test_graph_break_keeps_both_sides_valid():
     lambda x: x * torch.tensor(2.5, device=x.device),
     lambda x: torch.where(x > 0, x, torch.tensor([-1.0], device=x.device)),
     lambda x: x[torch.tensor([2, 0], device=x.device)],
-], ids=["empty_cat", "vector", "scalar", "one_element", "index"])
+    # a small CPU constant moved with .to (transformers' sliding-window caches): fake
+    # tensors folded the move into a constant they could not keep
+    lambda x: x + torch.tensor(4, dtype=torch.long).to(x.device),
+    lambda x: x * torch.arange(3).to(x.device) + torch.tensor([0.5, 1.0, 2.0]).to(x.device, torch.float32),
+], ids=["empty_cat", "vector", "scalar", "one_element", "index", "moved_scalar", "moved_vectors"])
 def test_tensor_from_data_inside_compiled_code(make):
     x = torch.randn(3)
     cf = torch.compile(make, backend="tpu")

@@ -37,6 +37,8 @@ MODELS = {
     "llama": (lm(tf.LlamaForCausalLM, tf.LlamaConfig, **LLAMA_LIKE), ids),
     # Gemma: RMSNorm with (1 + w), GeGLU, RoPE, all rewritten to the kernel ops in the graph
     "gemma": (lm(tf.GemmaForCausalLM, tf.GemmaConfig, head_dim=8, **LLAMA_LIKE), ids),
+    # sliding-window attention: its cache moves a CPU constant to the device inside the graph
+    "mistral": (lm(tf.MistralForCausalLM, tf.MistralConfig, sliding_window=4, **LLAMA_LIKE), ids),
     "gpt2": (lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=H, n_layer=L, n_head=NH, n_positions=64,
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa"), ids),
     "bert": (build(tf.BertForMaskedLM, tf.BertConfig, **BERT_LIKE), masked_ids),
@@ -134,7 +136,7 @@ def test_llama_trains_compiled_with_its_own_loss():   # several-outputs case
 
 @pytest.mark.thorough
 @pytest.mark.parametrize("own_loss", [True, False], ids=["model_loss", "eager_loss"])
-@pytest.mark.parametrize("name", ["gemma", "gpt2", "bert", "t5", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["gemma", "mistral", "gpt2", "bert", "t5", "qwen3_moe"])
 def test_trains_compiled(name, own_loss):
     _check(name, own_loss)
 

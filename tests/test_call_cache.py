@@ -131,3 +131,26 @@ def test_a_result_laid_out_like_its_query_is_traced_by_nothing_warm(tmp_path):
     for r in runs:
         assert r["close"] and r["stride"] == r["want"] and r["want"] != [64, 32, 4, 1], r
     assert runs[0]["traces"] >= 1 and runs[1]["traces"] == 0, runs
+
+
+_LINALG = """
+import json, torch, tpu_kernels
+from tpu_kernels.dispatch import cache
+a = torch.tensor([[4., 1, 0], [1, 3, 0], [0, 0, 2]])
+t = a.to('tpu')
+outs = [torch.linalg.cholesky(t), torch.linalg.solve(t, t[:, :1]), torch.linalg.eigh(t).eigenvalues]
+print(json.dumps({"traces": sum(cache.TRACES.values()), "outs": [o.cpu().tolist() for o in outs]}))
+"""
+
+
+def test_linalg_executables_load_in_a_fresh_process(tmp_path):
+    """A stored executable that calls LAPACK runs in a process that has lowered no linalg
+    op (XLA:CPU's LAPACK handlers are registered before it loads): it crashed the process
+    (SIGSEGV) before."""
+    e = dict(os.environ, TPU_KERNELS_JAX_CACHE=str(tmp_path), TPU_KERNELS_CALL_CACHE="1")
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _LINALG], capture_output=True, text=True, timeout=600, env=e)
+        assert out.returncode == 0, f"rc {out.returncode}: {out.stderr[-3000:]}"
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[1]["traces"] == 0 and runs[1]["outs"] == runs[0]["outs"], runs

@@ -18,6 +18,7 @@ mode, a compiled graph) runs the ordinary jitted function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import logging
@@ -72,6 +73,7 @@ class Entry:
             if got["key"] != self.key:
                 raise ValueError("another key")
             cache_files.touch(self.path)
+            _handlers_registered()
             return {"exe": serialize_executable.deserialize_and_load(*got["exe"]),
                     "checks": [(_exception(m, q), msg) for m, q, msg in got["checks"]],
                     "result_meta": _decode(got["result"]),
@@ -198,6 +200,18 @@ def _prune_once(where: str) -> None:
         return
     _pruned.append(where)
     cache_files.prune(where, ".call", float(os.environ.get("TPU_KERNELS_CALL_CACHE_MB", LIMIT_MB)) * 2**20)
+
+
+@functools.cache
+def _handlers_registered() -> None:
+    """Register XLA:CPU's LAPACK custom-call handlers before a stored executable loads.
+    JAX registers them when it first lowers a linalg op; an executable read back from this
+    cache (cholesky, solve, svd, eigh, ...) in a process that has lowered none called a
+    handler that was not there and crashed the process (SIGSEGV). jax.export does the same
+    before it runs a deserialized CPU program."""
+    if jax.default_backend() == "cpu":
+        from jax._src.lax import linalg   # private: JAX has no public hook for this
+        linalg.initialize_lapack()
 
 
 def _traced(dyn: tuple) -> bool:

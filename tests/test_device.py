@@ -114,6 +114,21 @@ def test_item_tolist_print():
     assert str(torch.tensor(3).to("tpu")) == "tensor(3, device='tpu:0')"
 
 
+def test_tensor_from_a_list_of_tpu_scalars():
+    # torch.tensor reads each element below the Python key (the device's kernel of
+    # _local_scalar_dense): it raised 'Could not run aten::_local_scalar_dense'
+    x, i = torch.tensor([1.5, 2.0]), torch.tensor([3, 4])
+    t, ti = x.to("tpu"), i.to("tpu")
+    for got, want in [(torch.tensor([t[0], t[1]]), torch.tensor([x[0], x[1]])),
+                      (torch.as_tensor([1.0, t[0]]), torch.as_tensor([1.0, x[0]])),
+                      (torch.tensor([ti[0], ti[1]]), torch.tensor([i[0], i[1]])),
+                      (torch.tensor([ti[0] > 3]), torch.tensor([i[0] > 3])),
+                      (torch.tensor([t[0]], device="tpu"), torch.tensor([x[0]]))]:
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    with torch.inference_mode():
+        assert torch.equal(torch.tensor([t[1]]), torch.tensor([x[1]]))
+
+
 def test_numpy_refuses_with_hint():
     with pytest.raises(TypeError, match=r"\.cpu\(\)"):
         torch.ones(2, device="tpu").numpy()

@@ -14,7 +14,9 @@ from tpu_kernels.storage import Storage, to_jax, to_torch
 from tpu_kernels.tensor import TpuTensor, read, value, write
 
 
-@runtime_handler("aten::_local_scalar_dense", "aten::item")   # item: whole under inference mode
+@runtime_handler("aten::item")   # whole under inference mode
+# torch.tensor([t[0], t[1]]) reads each element below the Python key: the device's kernel
+@runtime_handler("aten::_local_scalar_dense", catch_at="PrivateUse1")
 def local_scalar_dense(op, args, kwargs):
     errors.raise_pending()
     return value(args[0]).item()

@@ -129,6 +129,26 @@ def test_tensor_from_a_list_of_tpu_scalars():
         assert torch.equal(torch.tensor([t[1]]), torch.tensor([x[1]]))
 
 
+def test_deepcopy_keeps_views_sharing_a_storage():
+    # a tensor and its view copied together share the new storage, as on CPU (each was a
+    # separate clone before: a write through the copied view left the copied base alone)
+    import copy
+    for dev in ("cpu", "tpu"):
+        a = torch.tensor([[1.5, 2.0], [3.0, 4.0]], device=dev)
+        a2, v2 = copy.deepcopy((a, a[0]))
+        v2.fill_(0)
+        assert a2.cpu().tolist() == [[0.0, 0.0], [3.0, 4.0]] and a.cpu().tolist() == [[1.5, 2.0], [3.0, 4.0]], dev
+        t = torch.arange(6.0, device=dev).view(2, 3).t()
+        t2 = copy.deepcopy(t)
+        t2.add_(1)
+        assert t2.stride() == (1, 3) and t2.cpu().tolist() == [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
+        assert t.cpu().tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    s = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.Linear(2, 4, bias=False)).to("tpu")
+    s[1].weight = s[0].weight
+    s2 = copy.deepcopy(s)
+    assert s2[0].weight is s2[1].weight and s2[0].weight is not s[0].weight
+
+
 def test_numpy_refuses_with_hint():
     with pytest.raises(TypeError, match=r"\.cpu\(\)"):
         torch.ones(2, device="tpu").numpy()

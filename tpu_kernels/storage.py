@@ -113,6 +113,18 @@ def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offs
     st.version += 1
 
 
+def copied(st: Storage) -> Storage:
+    """A new storage holding a device copy of ``st``'s array (its placement kept): what
+    ``copy.deepcopy`` gives every view of ``st`` (a copy, not the array itself: a compiled
+    program may donate one storage's array, which must not free the other's)."""
+    new = Storage(apply(_copier, st.array), st.index, st.nbytes)
+    new.placement = st.placement
+    return new
+
+
+_copier = jax.jit(jnp.copy)
+
+
 def place(st: Storage, sharding: jax.sharding.Sharding) -> None:
     """Lay ``st``'s array out by ``sharding`` (e.g. over a device mesh); later writes keep it."""
     a = concrete(st.array)

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 from tpu_kernels import errors, printing, shadow, strided
 from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.storage import Storage, read_view, to_torch, write_view
+from tpu_kernels.storage import Storage, copied as storage_copied, read_view, to_torch, write_view
 
 _compiler = torch.compiler
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
@@ -226,12 +226,18 @@ class TpuTensor(torch.Tensor):
                                   _internal=True)
 
     def __deepcopy__(self, memo: dict) -> "TpuTensor":
-        """A clone, as torch deep-copies a memory-less wrapper subclass (torch tells one by a
-        ``data_ptr()`` of 0; this one has a fake address)."""
-        if id(self) in memo or not self.is_leaf or self._tpu_storage is None:
+        """A copy over a copy of its storage, as torch deep-copies a tensor: views copied
+        together (``deepcopy((a, a[0]))``, a module's tied or viewed weights) share the new
+        storage as they shared the old (the memo maps a storage to its copy)."""
+        st = self._tpu_storage
+        if id(self) in memo or not self.is_leaf or st is None:
             return super().__deepcopy__(memo)   # memo hit, or torch's error for a non-leaf
-        with torch.no_grad():
-            new = self.clone().requires_grad_(self.requires_grad)
+        new_st = memo.get(id(st))
+        if new_st is None:
+            new_st = memo[id(st)] = storage_copied(st)
+            memo.setdefault(id(memo), []).append(st)   # deepcopy's rule: keep memo keys alive
+        new = TpuTensor(new_st, tuple(self.shape), self.stride(), self.storage_offset(), self.dtype)
+        new.requires_grad_(self.requires_grad)
         memo[id(self)] = new
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)

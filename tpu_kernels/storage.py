@@ -13,6 +13,8 @@ import functools
 import math
 import sys
 import threading
+import weakref
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +29,7 @@ from tpu_kernels.registry.dtypes import to_jax_dtype
 class Storage:
     """A mutable box for one jax array; views of one base share it. ``index``: the tpu
     device holding it; ``nbytes``: what it counts in ``torch.tpu.memory_allocated``."""
-    __slots__ = ("array", "version", "shadow", "index", "nbytes", "placement", "__weakref__")
+    __slots__ = ("array", "version", "shadow", "index", "nbytes", "placement", "links", "__weakref__")
 
     def __init__(self, array: jax.Array, index: int | None = None, nbytes: int | None = None) -> None:
         self.array = array
@@ -40,6 +42,7 @@ class Storage:
             nbytes = math.prod(array.shape) * array.dtype.itemsize
         self.nbytes = memory.allocate(self.index, array, nbytes)
         self.placement = None   # a sharding every write keeps (``place``), else None
+        self.links = None       # storages kept equal to a view of this one (``link``)
 
     def __del__(self, _finalizing=sys.is_finalizing) -> None:
         if hasattr(self, "nbytes"):   # a storage whose __init__ did not finish counted nothing
@@ -111,6 +114,51 @@ def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offs
     if st.placement is not None:   # a sharded storage stays laid out as it was placed
         st.array = apply(_placer(st.placement), st.array)
     st.version += 1
+    if st.links is not None:
+        write_through(st)
+
+
+# -- linked copies: views whose item size differs from their base's ---------------------------
+# A storage holds one array of one dtype, so a complex tensor's view_as_real (and a real
+# tensor's view_as_complex, the lazy conj/neg views) is a copy in a storage of its own. A
+# link keeps the two equal as torch's aliasing would: a write to either rewrites the other.
+_THROUGH = threading.local()
+
+
+def link(base: Storage, view: tuple, copy: Storage, forward: Callable, inverse: Callable) -> None:
+    """Keep ``copy`` (whole, ``forward`` of the view ``view`` = (size, stride, offset,
+    dtype, whole) of ``base``) and that view equal: a write to one rewrites the other
+    (``inverse`` maps the copy back). Links are weak: a dead copy is dropped."""
+    def refresh(src: Storage, dst: Storage) -> None:
+        dst.array = apply(forward, read_view(src, *view[:4]))
+        dst.version += 1
+        if dst.links is not None:
+            write_through(dst)
+
+    def write_back(src: Storage, dst: Storage) -> None:
+        write_view(dst, *view, apply(inverse, src.array))
+    base.links = [*(base.links or ()), (weakref.ref(copy), refresh)]
+    copy.links = [*(copy.links or ()), (weakref.ref(base), write_back)]
+
+
+def write_through(st: Storage) -> None:
+    """``st`` was written: rewrite the storages linked to it (not the one whose write this
+    is, which is being written through already)."""
+    busy = getattr(_THROUGH, "busy", None)
+    if busy is None:
+        busy = _THROUGH.busy = set()
+    busy.add(id(st))
+    try:
+        live = []
+        for ref, update in st.links:
+            other = ref()
+            if other is not None:
+                live.append((ref, update))
+                if id(other) not in busy:
+                    update(st, other)
+        st.links = live or None
+    finally:
+        busy.discard(id(st))
 
 
 def copied(st: Storage) -> Storage:

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 from tpu_kernels import errors, printing, shadow, strided
 from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.storage import Storage, copied as storage_copied, read_view, to_torch, write_view
+from tpu_kernels.storage import Storage, copied as storage_copied, read_view, to_torch, write_through, write_view
 
 _compiler = torch.compiler
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
@@ -408,6 +408,8 @@ def write(t: TpuTensor, new: jax.Array) -> None:
             st.array = new
             st.version += 1
             t._tpu_cache = None
+            if st.links is not None:
+                write_through(st)
             return
     write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
     t._tpu_cache = None

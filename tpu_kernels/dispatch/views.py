@@ -12,18 +12,28 @@ from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.dispatch.devices import device_error
 from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.fast_tokens import fast_token
+from tpu_kernels.storage import link
 from tpu_kernels.tensor import TpuTensor, value, wrap, wrap_view
 
 aten = torch.ops.aten
 
 # A complex <-> real view changes the item size, and conj/neg views are lazy bits torch
-# resolves later; the storage holds plain values of one dtype, so these views are
-# computed as new tensors: they do not alias their base.
-REINTERPRET: dict[Any, Callable] = {
-    aten.view_as_real.default: lambda z: jax.numpy.stack([z.real, z.imag], axis=-1),
-    aten.view_as_complex.default: lambda x: jax.lax.complex(x[..., 0], x[..., 1]),
-    aten._conj.default: jax.numpy.conj,
-    aten._neg_view.default: jax.numpy.negative,
+# resolves later; the storage holds plain values of one dtype, so each of these views is a
+# copy in a storage of its own, linked to its base's view (``storage.link``): a write to
+# either rewrites the other, as torch's aliasing would. (forward, inverse) per op.
+def _as_real(z):
+    return jax.numpy.stack([z.real, z.imag], axis=-1)
+
+
+def _as_complex(x):
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
+REINTERPRET: dict[Any, tuple[Callable, Callable]] = {
+    aten.view_as_real.default: (jax.jit(_as_real), jax.jit(_as_complex)),
+    aten.view_as_complex.default: (jax.jit(_as_complex), jax.jit(_as_real)),
+    aten._conj.default: (jax.jit(jax.numpy.conj),) * 2,
+    aten._neg_view.default: (jax.jit(jax.numpy.negative),) * 2,
 }
 
 
@@ -44,7 +54,11 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         raise device_error(op, base)
     reinterpret = REINTERPRET.get(op)
     if reinterpret is not None:
-        return wrap(reinterpret(value(base)))
+        forward, inverse = reinterpret
+        out = wrap(forward(value(base)))
+        view = (tuple(base.shape), base.stride(), base.storage_offset(), base.dtype, base._tpu_direct)
+        link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
+        return out
     key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
            base.dtype, freeze(list(args[1:])), freeze(list(kwargs.items())))
     metas = cache.VIEWS.get(key)

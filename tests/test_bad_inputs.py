@@ -7,7 +7,11 @@ a sync, for device-side checks); when it returns, the tpu device returns the sam
 """
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -167,3 +171,35 @@ def test_index_ops_random_indices(shape, dim, index, op):
         return x.index_add(dim, i, torch.ones_like(x).narrow(dim % max(x.dim(), 1), 0, 1).expand(
             *[len(index) if d == dim % x.dim() else s for d, s in enumerate(x.shape)]))
     agree(fn, _tensor(shape, torch.float32), idx)
+
+
+_BAD_NUMBERS = {   # (a valid call, the same call with a value CPU rejects)
+    "smooth_l1_beta": (lambda x: F.smooth_l1_loss(x, x.flip(0), beta=1.0), lambda x: F.smooth_l1_loss(x, x.flip(0), beta=-1.0)),
+    "huber_delta": (lambda x: F.huber_loss(x, x.flip(0), delta=1.0), lambda x: F.huber_loss(x, x.flip(0), delta=-1.0)),
+    "celu_alpha": (lambda x: F.celu(x, 1.0), lambda x: F.celu(x, 0.0)),
+    "bernoulli_p": (lambda x: torch.bernoulli(x, p=0.5), lambda x: torch.bernoulli(x, p=1.5)),
+    "bernoulli_inplace": (lambda x: x.clone().bernoulli_(0.5), lambda x: x.clone().bernoulli_(-0.5)),
+    "uniform_range": (lambda x: x.clone().uniform_(0, 1.0), lambda x: x.clone().uniform_(0, -1.0)),
+    "random_range": (lambda x: x.clone().random_(2, 5), lambda x: x.clone().random_(5, 2)),
+    "normal_std": (lambda x: torch.normal(0.0, 1.0, (3,), device=x.device), lambda x: torch.normal(0.0, -1.0, (3,), device=x.device)),
+    "geometric_p": (lambda x: x.clone().geometric_(0.5), lambda x: x.clone().geometric_(1.5)),
+    "log_normal_std": (lambda x: x.clone().log_normal_(0, 1.0), lambda x: x.clone().log_normal_(0, -1.0)),
+    "renorm_maxnorm": (lambda x: x.renorm(2, 0, 1.0), lambda x: x.renorm(2, 0, -1.0)),
+    "histc_range": (lambda x: torch.histc(x, bins=4, min=1, max=3), lambda x: torch.histc(x, bins=4, min=3, max=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(_BAD_NUMBERS))
+def test_number_arguments_are_checked_on_every_call(name):
+    """torch rejects these values in its meta function or CPU kernel; the dispatcher's caches
+    key numbers by type, so a valid call first made the same call with a bad value run
+    (and some were never checked at all). Each raises CPU's error, cold and warm."""
+    good, bad = _BAD_NUMBERS[name]
+    x = _tensor((4, 5), torch.float32)
+    with pytest.raises(RuntimeError) as want:
+        bad(x)
+    t = x.to("tpu")
+    for _ in range(2):      # cold, then after a valid call of the same signature
+        with pytest.raises(RuntimeError, match=re.escape(str(want.value))):
+            bad(t).cpu()
+        good(t).cpu()

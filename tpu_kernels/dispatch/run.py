@@ -23,7 +23,7 @@ from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR,
 from tpu_kernels.dispatch.results import finish
 from tpu_kernels.dispatch.signature import Split, leaf_value, split
 from tpu_kernels.lazy import Lazy
-from tpu_kernels.registry import REGISTRY
+from tpu_kernels.registry import REGISTRY, value_checks
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
 from tpu_kernels.fast_tokens import direct_token, fast_token
@@ -34,7 +34,7 @@ class _OpState:
     one registry epoch; ``codes``: per position, what ``fast_key`` takes there (a tensor:
     ``_TENSOR``, a number that is a leaf: ``_LEAF``, a static argument: ``_STATIC``, a
     tensor list: ``_TENSORS``, a list of numbers: ``_NUMBERS``, anything else: 0)."""
-    __slots__ = ("op", "epoch", "handler", "plan", "kinds", "codes")
+    __slots__ = ("op", "epoch", "handler", "plan", "kinds", "codes", "check")
 
     def __init__(self, op: OpOverload) -> None:
         r = runtime_route(op)
@@ -43,6 +43,7 @@ class _OpState:
         self.plan = op_plan(op)
         self.kinds = self.plan.pos_kinds
         self.codes = tuple(_CODES.get(k, 0) for k in self.kinds)
+        self.check = value_checks.checker(op)   # torch's checks of number values, or None
 
 
 # per position: a tensor, a number that is a leaf, a static argument (an int list there is
@@ -70,6 +71,8 @@ def run(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     s = _OPS.get(id(op))
     if s is None or s.op is not op or s.epoch != REGISTRY.epoch:
         s = _state(op)
+    if s.check is not None:   # every call: the caches below key numbers by type, not value
+        s.check(args, kwargs)
     if s.handler is not None:
         return s.handler(op, args, kwargs)
     if not kwargs or _plain_kwargs(kwargs):

@@ -12,7 +12,7 @@ import torch
 from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype
-from tpu_kernels.registry.xla._index import add_at, in_range, read
+from tpu_kernels.registry.xla._index import add_at, check_masks, in_range, read
 
 
 def _check_coords(x_shape, indices) -> None:
@@ -46,9 +46,11 @@ def index(self, indices):
 @xla("aten::index.Tensor", "aten::_unsafe_index.Tensor", data_dependent=True, name="index_mask")
 def index_mask(self, indices):
     """Boolean masks make the shape data-dependent: run eagerly, masks -> nonzero."""
+    check_masks(self.shape, indices)
     out = []
     for ix in indices:
         out.extend(np.nonzero(np.asarray(ix)) if _is_mask(ix) else [ix])
+    _check_coords(self.shape, out)   # the integer indices beside the masks
     return read(self, _coords(out))
 
 
@@ -92,6 +94,7 @@ def index_put(self, indices, values, accumulate=False):
             f"index_put: Index put requires the source and destination dtypes match, got "
             f"{to_torch_dtype(self.dtype)} for the destination and {to_torch_dtype(values.dtype)} "
             f"for the source.")
+    check_masks(self.shape, indices)
     _check_coords(self.shape, indices)
     coords, values = _static_mask_coords(self.shape, indices, values.astype(self.dtype))
     ref = self.at[coords]

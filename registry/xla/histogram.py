@@ -12,6 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from tpu_kernels.registry.context import check
 from tpu_kernels.registry.decorator import xla
 
 
@@ -72,10 +73,33 @@ def histogram_bins(self, bins, *, weight=None, density=False):
     return _histogram(self, bins.astype(self.dtype), weight, density)
 
 
+_TYPE_NAMES = {"bool": "Bool", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
+               "float64": "Double", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
+_BINCOUNT_INPUTS = "bincount only supports 1-d non-negative integral inputs."
+
+
+def _check_bincount(self, weights, minlength: int) -> None:
+    """CPU's argument checks, in its order (the empty input returns before the others)."""
+    if self.dtype.name in _TYPE_NAMES:
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{_TYPE_NAMES[self.dtype.name]}\'')
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if self.ndim == 1 and self.size == 0:
+        return
+    if self.ndim != 1:
+        raise RuntimeError(_BINCOUNT_INPUTS)
+    # negative values: XLA would wrap them; raised at the next sync (values are on the device)
+    check(self >= 0, _BINCOUNT_INPUTS, RuntimeError)
+    if weights is not None and (weights.ndim != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+
+
 @xla("aten::bincount.default", data_dependent=True)
 def bincount(self, weights=None, minlength=0):
-    n = int(jnp.max(self)) + 1 if self.size else 0
-    n = max(n, minlength)
+    _check_bincount(self, weights, minlength)
+    if self.size == 0:
+        return jnp.zeros((minlength,), jnp.int64)  # int64 even with weights, as on CPU
+    n = max(int(jnp.max(self)) + 1, minlength)
     if weights is None:
         return jnp.zeros((n,), jnp.int64).at[self].add(1)
     dt = weights.dtype if weights.dtype == jnp.float32 else jnp.float64  # torch's rule

@@ -11,7 +11,7 @@ import numpy as np
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype, compute_dtype
-from tpu_kernels.registry.xla._index import read
+from tpu_kernels.registry.xla._index import broadcast_shape, read
 
 
 @xla("aten::masked_fill.Scalar", "aten::masked_fill.Tensor", "aten::masked_fill_.Scalar",
@@ -41,7 +41,11 @@ def masked_scatter_backward(grad_output, mask, sizes):
 
 @xla("aten::masked_select", data_dependent=True)
 def masked_select(self, mask):
-    x, m = jnp.broadcast_arrays(self, mask)
+    # a data-dependent op gets no meta check (torch has no meta function for it): CPU's checks
+    if mask.dtype != jnp.bool_:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
+    shape = broadcast_shape(mask.shape, self.shape)   # CPU: expand_outplace(mask, self)
+    x, m = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
     return x.reshape(-1)[np.flatnonzero(np.asarray(m))]
 
 

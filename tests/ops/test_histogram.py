@@ -1,8 +1,13 @@
 """Parity of the histogram lowerings (registry/xla/histogram.py) with CPU torch."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
-from helpers import check
+from helpers import check, to_tpu
+
+from tpu_kernels import errors
 
 
 def _rand(*shape, dtype=torch.float32, seed=0):
@@ -26,6 +31,38 @@ def test_bincount():
     check(lambda a, w: torch.bincount(a, w), x, _rand(6))
     check(lambda a, w: torch.bincount(a, w), x, _rand(6, dtype=torch.float64))
     check(lambda a: torch.bincount(a), torch.zeros(0, dtype=torch.int64))
+    check(lambda a, w: torch.bincount(a, w, minlength=3), torch.zeros(0, dtype=torch.int64), torch.zeros(0))
+    check(lambda a, w: torch.bincount(a, w, minlength=9), x.int(), torch.arange(6))   # int weights: float64
+
+
+BINCOUNT_INPUTS = "bincount only supports 1-d non-negative integral inputs."
+
+
+def test_bincount_of_negative_values_raises_at_the_next_sync():
+    x = torch.tensor([0, -1, 2])
+    for w in (None, torch.ones(3)):
+        with pytest.raises(RuntimeError, match=re.escape(BINCOUNT_INPUTS)):
+            torch.bincount(x, w)
+        with pytest.raises(RuntimeError, match=re.escape(BINCOUNT_INPUTS)):
+            torch.bincount(to_tpu(x), to_tpu(w)).cpu()
+    with errors.set_sync_checks(True):   # raised by the call itself
+        with pytest.raises(RuntimeError, match=re.escape(BINCOUNT_INPUTS)):
+            torch.bincount(to_tpu(x))
+    assert torch.bincount(to_tpu(torch.tensor([2, 0, 2]))).tolist() == [1, 0, 2]   # later calls work
+
+
+@pytest.mark.parametrize("args, kwargs, exc, message", [
+    ((torch.tensor([[1, 2]]),), {}, RuntimeError, BINCOUNT_INPUTS),
+    ((torch.tensor([1, 2]),), {"minlength": -1}, RuntimeError, "minlength should be >= 0"),
+    ((torch.tensor([1, 2]), torch.ones(3)), {}, RuntimeError,
+     "weights should be 1-d and have the same length as input"),
+    ((torch.tensor([1.0, 2.0]),), {}, NotImplementedError, "\"bincount_cpu\" not implemented for 'Float'"),
+])
+def test_bincount_bad_arguments_raise_as_cpu(args, kwargs, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.bincount(*args, **kwargs)
+    with pytest.raises(exc, match=re.escape(message)):
+        torch.bincount(*to_tpu(args), **kwargs).cpu()
 
 
 def test_histogram():

@@ -3,10 +3,11 @@ advanced_indexing.py, masks.py, embedding.py)."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
-from helpers import check, to_tpu
+from helpers import check, to_cpu, to_tpu
 
 aten = torch.ops.aten
 F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
@@ -129,6 +130,67 @@ def test_index_tensor_mask():
     check(lambda x, m: x[m], x, torch.zeros(3, 4, 5, dtype=torch.bool))
 
 
+def _raises_as_cpu(exc, message, fn, *args):
+    """``fn`` raises ``exc(message)`` on CPU, and so it does on tpu (at the call or its sync)."""
+    with pytest.raises(exc, match=re.escape(message)):
+        fn(*args)
+    with pytest.raises(exc, match=re.escape(message)):
+        to_cpu(fn(*to_tpu(args)))
+
+
+def _mask_error(mask, at, shape, dim):
+    return (f"The shape of the mask {mask} at index {at} does not match the shape of the indexed "
+            f"tensor {shape} at index {dim}")
+
+
+def _setmask(x, m):
+    y = x.clone()
+    y[m] = 0
+    return y
+
+
+BAD_MASKS = [   # (index call, mask, torch's error)
+    (lambda x, m: x[m], torch.tensor([True, False]), _mask_error([2], 0, [4, 5], 0)),
+    (lambda x, m: x[m], torch.ones(6, dtype=torch.bool), _mask_error([6], 0, [4, 5], 0)),
+    (lambda x, m: x[m], torch.ones(2, 5, dtype=torch.bool), _mask_error([2, 5], 0, [4, 5], 0)),
+    (lambda x, m: x[m], torch.ones(4, 3, dtype=torch.bool), _mask_error([4, 3], 1, [4, 5], 1)),
+    (lambda x, m: x[:, m], torch.ones(3, dtype=torch.bool), _mask_error([3], 0, [4, 5], 1)),
+    (lambda x, m: x[torch.tensor([0, 1], device=x.device), m], torch.ones(3, dtype=torch.bool),
+     _mask_error([3], 0, [4, 5], 1)),
+    (lambda x, m: aten.index(x, [None, m]), torch.ones(5, 6, dtype=torch.bool),
+     "Dimension out of range (expected to be in range of [-2, 1], but got 2)"),
+    (lambda x, m: aten.index(x, [None, None, m]), torch.ones(1, dtype=torch.bool),
+     "too many indices for tensor of dimension 2 (got 3)"),
+    (_setmask, torch.tensor([True, False]), _mask_error([2], 0, [4, 5], 0)),
+    (lambda x, m: torch.index_put(x, (m,), torch.tensor(1.0, device=x.device), accumulate=True),
+     torch.ones(3, dtype=torch.bool), _mask_error([3], 0, [4, 5], 0)),
+    (lambda x, m: aten.index_put(x, [None, m], torch.tensor(1.0, device=x.device)),
+     torch.ones(4, dtype=torch.bool), _mask_error([4], 0, [4, 5], 1)),
+    (lambda x, m: aten.index_put_(x.clone(), [m], torch.tensor(1.0, device=x.device)),
+     torch.ones(4, 3, dtype=torch.bool), _mask_error([4, 3], 1, [4, 5], 1)),
+]
+
+
+@pytest.mark.parametrize("fn, mask, message", BAD_MASKS)
+def test_mask_of_the_wrong_shape_raises_as_cpu(fn, mask, message):
+    _raises_as_cpu(IndexError, message, fn, torch.arange(20.0).reshape(4, 5), mask)
+
+
+def test_mask_of_the_wrong_shape_raises_when_compiled():
+    torch._dynamo.reset()
+    x, m = torch.arange(20.0, device="tpu").reshape(4, 5), torch.tensor([True, False], device="tpu")
+    for fn in (lambda x, m: x[m], _setmask):
+        with pytest.raises(IndexError, match=re.escape(_mask_error([2], 0, [4, 5], 0))):
+            torch.compile(fn, backend="tpu")(x, m).cpu()
+        torch._dynamo.reset()
+
+
+def test_mask_beside_an_out_of_range_index_raises():
+    x, m = to_tpu(torch.arange(20.0).reshape(4, 5)), to_tpu(torch.ones(4, dtype=torch.bool))
+    with pytest.raises(IndexError, match="out of bounds for dimension 1 with size 5"):
+        x[m, to_tpu(torch.tensor([7]))].cpu()
+
+
 def test_index_grad():
     check(lambda x, i: x[i] * 2, r(5, 3, grad=True), idx(5, 7), grad=True)
     check(lambda x, i: x[:, i] * 2, r(3, 5, grad=True), idx(5, 2, 2), grad=True)
@@ -217,6 +279,16 @@ def test_masked_scatter_select():
     check(lambda x, m: torch.masked_select(x, m), x, m)
     check(lambda x, m: torch.masked_select(x, m), x, m[1])
     check(lambda g, m: aten.masked_scatter_backward(g, m, [4, 4]), x, m)
+
+
+def test_masked_select_bad_mask_raises_as_cpu():
+    x = torch.zeros(4, 5)
+    _raises_as_cpu(RuntimeError, "The size of tensor a (3) must match the size of tensor b (5) at "
+                   "non-singleton dimension 1", torch.masked_select, x, torch.ones(3, dtype=torch.bool))
+    _raises_as_cpu(RuntimeError, "The size of tensor a (5) must match the size of tensor b (3) at "
+                   "non-singleton dimension 1", torch.masked_select, torch.zeros(3), x > -1)
+    _raises_as_cpu(RuntimeError, "masked_select: expected BoolTensor for mask", torch.masked_select,
+                   x, torch.ones(5))
 
 
 @pytest.mark.parametrize("dtype", [F32, I64, torch.bool])

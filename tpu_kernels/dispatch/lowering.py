@@ -8,7 +8,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from tpu_kernels import random_state
+from tpu_kernels import errors, random_state
 from tpu_kernels.dispatch.cache import TRACES
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.dispatch.signature import fill_call, view_read
@@ -58,10 +58,17 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
 
 
 def eager_fn(impl: Impl, targs, tkw, reads: tuple = ()) -> Callable:
-    """A data-dependent impl (its result shape needs values) runs unjitted."""
+    """A data-dependent impl (its result shape needs values) runs unjitted; its device-side
+    checks (``context.check``) are watched like a jitted op's flags."""
     def call(*dyn):
         a, kw = fill_call(targs, tkw, view_read(reads, dyn) if any(reads) else dyn)
-        return impl.fn(*a, **kw)
+        ctx = Call(())
+        with lowering(ctx):
+            result = impl.fn(*a, **kw)
+        if ctx.checks:
+            errors.watch(jnp.stack([bad for bad, _, _ in ctx.checks]), impl.op,
+                         [(exc, msg) for _, exc, msg in ctx.checks])
+        return result
     return call
 
 

@@ -41,6 +41,15 @@ FLOAT32 = (
 PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
            "index_put", "tensordot", "scatter_add")
 
+# refused under autocast, as on CUDA (its kernel takes probabilities that a lower-precision
+# sigmoid before it may round to exactly 0 or 1)
+BANNED = {"binary_cross_entropy": (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast.")}
+
 _KEY = "AutocastPrivateUse1"
 _LIB = torch.library.Library("aten", "IMPL")
 _FALLTHROUGH = torch.library.Library("_", "IMPL")
@@ -100,6 +109,10 @@ def _kernel_opt_dtype(op, *args, **kwargs):
     return _kernel(op, "float32", *args, **kwargs)
 
 
+def _banned(message: str, *args: Any, **kwargs: Any) -> None:
+    raise RuntimeError(message)
+
+
 @functools.cache   # once per process
 def install() -> None:
     """Every op falls through the tpu autocast key except the listed ones; bfloat16 is the
@@ -108,4 +121,6 @@ def install() -> None:
     _register(LOWER_PRECISION, "lower")
     _register(FLOAT32, "float32")
     _register(PROMOTE, "promote")
+    for name, message in BANNED.items():
+        _LIB.impl(name, functools.partial(_banned, message), _KEY)
     torch.set_autocast_dtype("tpu", torch.bfloat16)

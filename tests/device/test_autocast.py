@@ -127,3 +127,13 @@ def test_autocast_under_torch_compile():
     assert [t.dtype for t in compiled] == [torch.bfloat16, torch.float32]
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a.float().cpu(), b.float().cpu(), rtol=1e-2, atol=1e-2)
+
+
+def test_binary_cross_entropy_is_refused_under_autocast_as_on_cuda():
+    x = torch.rand(3, device="tpu")
+    with torch.autocast("tpu"):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(x, x)
+        assert torch.nn.functional.binary_cross_entropy_with_logits(x, x).dtype == torch.float32
+    torch.testing.assert_close(torch.nn.functional.binary_cross_entropy(x, x).cpu(),
+                               torch.nn.functional.binary_cross_entropy(x.cpu(), x.cpu()))

@@ -149,6 +149,28 @@ def test_deepcopy_keeps_views_sharing_a_storage():
     assert s2[0].weight is s2[1].weight and s2[0].weight is not s[0].weight
 
 
+def test_views_keep_their_base_inference_state():
+    # a view of an inference tensor is one outside inference mode too (it was a normal
+    # tensor, so in-place updates of it and saving it for backward went through), and a
+    # view of a normal tensor made under inference mode stays normal
+    def run(dev):
+        with torch.inference_mode():
+            a = torch.ones(3, 4, device=dev)
+        out = [v.is_inference() for v in (a[0], a.t(), a.view(12), a.unsqueeze(0), a[:, 1:])]
+        w = torch.ones(4, 2, device=dev, requires_grad=True)
+        for f in (lambda: a[0].add_(1), lambda: (a.unsqueeze(0) @ w).sum().backward()):
+            with pytest.raises(RuntimeError) as e:
+                f()
+            out.append(str(e.value))
+        b = torch.ones(3, device=dev)
+        with torch.inference_mode():
+            v = b[0:2]
+            out.append(v.is_inference())
+            v.add_(1)
+        return out + [b.cpu().tolist()]
+    assert run("tpu") == run("cpu")
+
+
 def test_numpy_refuses_with_hint():
     with pytest.raises(TypeError, match=r"\.cpu\(\)"):
         torch.ones(2, device="tpu").numpy()

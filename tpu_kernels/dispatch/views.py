@@ -39,12 +39,8 @@ REINTERPRET: dict[Any, tuple[Callable, Callable]] = {
 
 def run_view(op, args: tuple, kwargs: dict) -> Any:
     base = args[0]
-    if _inference_mode() and not base.is_inference():
-        # torch makes a view of a normal tensor a normal tensor sharing its base's version
-        # counter, also under inference mode: a wrapper made there would be an inference
-        # tensor, which torch refuses to give a version counter
-        with torch.inference_mode(False):
-            return run_view(op, args, kwargs)
+    if base.is_inference() != _inference_mode():
+        return _view_in_mode(op, args, kwargs)
     fast = _fast_key(op, base, args) if type(base) is TpuTensor and not kwargs else None
     if fast is not None:
         hit = cache.FAST_VIEWS.get(fast)
@@ -74,6 +70,15 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         cache.FAST_VIEWS[fast] = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype,
                                   out._tpu_direct, fast_token(out))
     return out
+
+
+def _view_in_mode(op, args: tuple, kwargs: dict) -> Any:
+    """A view made under the mode of its base, as torch makes it: a view of a normal tensor
+    is normal (sharing its base's version counter) also under inference mode, and a view of
+    an inference tensor is an inference tensor also outside it (so torch refuses in-place
+    updates and saving it for backward there)."""
+    with torch.inference_mode(args[0].is_inference()):
+        return run_view(op, args, kwargs)
 
 
 _MAX_FAST_VIEWS = 1 << 16

@@ -28,3 +28,29 @@ def to_torch_dtype(dtype) -> torch.dtype:
     except KeyError:
         raise TypeError(f"JAX dtype {dtype} has no torch equivalent") from None
 
+
+# torch's ScalarType names, as its "not implemented for" errors spell them
+_SCALAR_TYPE_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool",
+    torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long", torch.uint8: "Byte",
+    torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
+}
+
+# Ops whose torch kernels exist for some kinds of dtype only: op -> (torch's kernel name, the
+# numpy kinds its kernels take: b bool, i/u integers). Other dtypes raise torch's error.
+KERNEL_DTYPES: dict[str, tuple[str, str]] = {
+    "bitwise_and": ("bitwise_and", "biu"), "bitwise_or": ("bitwise_or", "biu"),
+    "bitwise_xor": ("bitwise_xor", "biu"), "bitwise_not": ("bitwise_not", "biu"),
+    "bitwise_left_shift": ("lshift", "iu"), "bitwise_right_shift": ("rshift", "iu"),
+}
+
+
+def check_kernel_dtype(op: str, dtype) -> None:
+    """Raise torch's NotImplementedError when ``op`` (a ``KERNEL_DTYPES`` key; others pass)
+    has no kernel for ``dtype`` (the op's computation dtype), naming the tpu device as CUDA's
+    error names itself ("bitwise_and_cuda")."""
+    entry = KERNEL_DTYPES.get(op)
+    if entry is not None and np.dtype(dtype).kind not in entry[1]:
+        kernel, name = entry[0], _SCALAR_TYPE_NAMES.get(to_torch_dtype(dtype), str(dtype))
+        raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{name}\'')

@@ -16,6 +16,7 @@ from jax import lax
 
 from tpu_kernels.registry.context import check, out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.kinds import DEFAULT_PRIORITY
 from tpu_kernels.registry.xla._util import as_dtype, float_compute, is_bool, is_int
 
 
@@ -198,6 +199,22 @@ def remainder(x, other):
 @xla("aten::fmod.Tensor", "aten::fmod.Scalar")
 def fmod(x, other):
     return fmod_core(x, other, out_dtype())
+
+
+def _int_base_int_exponent(x: Any, exponent: Any) -> bool | str:
+    """torch refuses an integer tensor to a negative Python int by the exponent's value; only
+    these calls key on it (static), so a float tensor's new exponent never retraces."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or type(exponent) is not int:
+        return "not an integer tensor to a Python int power"
+    return True
+
+
+@xla("aten::pow.Tensor_Scalar", static=("exponent",), supports=_int_base_int_exponent,
+     priority=DEFAULT_PRIORITY["xla"] + 1)
+def pow_int_scalar(x, exponent: int):
+    if exponent < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return pow_core(x, exponent, out_dtype())
 
 
 @xla("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar")

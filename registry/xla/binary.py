@@ -16,6 +16,7 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import check_kernel_dtype
 from tpu_kernels.registry.xla._util import as_dtype, float_compute, is_bool
 
 
@@ -92,7 +93,12 @@ BINARY: dict[str, Callable] = {
 
 
 def binary_core(name: str) -> Callable:
-    return _binary_float(BINARY[name], native=name == "nextafter")
+    core = _binary_float(BINARY[name], native=name == "nextafter")
+
+    def checked(x, y, dt):
+        check_kernel_dtype(name, dt)  # before the compute cast: the error names the dtype
+        return core(x, y, dt)
+    return checked
 
 
 def _register_binary(name: str, core: Callable) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.registry.xla._reduce import is_float, one_axis
 
 
@@ -32,6 +34,8 @@ def _median_dim(self, dim, keepdim, ignore_nan: bool):
     ax = one_axis(dim, self.ndim)
     if ax is None:
         return self, jnp.zeros((), jnp.int64)
+    if self.shape[ax] == 0:  # torch's words for median and nanmedian alike
+        raise IndexError(f"median(): Expected reduction dim {ax} to have non-zero size.")
     vals, idx = _sorted_along(self, ax)
     n = self.shape[ax]
     if ignore_nan and is_float(self):
@@ -56,13 +60,23 @@ def nanmedian_dim(self, dim, keepdim=False):
     return _median_dim(self, dim, keepdim, ignore_nan=True)
 
 
+def _empty_median(dt) -> jax.Array:
+    """torch's median of no elements: NaN cast to the dtype. The cast runs in torch on the
+    host, so integer dtypes get what CPU torch's cast gives (INT64_MIN, True for bool...)."""
+    return jnp.asarray(torch.tensor(float("nan")).to(to_torch_dtype(dt)).item(), dt)
+
+
 @xla("aten::median.default")
 def median(self):
+    if self.size == 0:
+        return _empty_median(self.dtype)
     return _median_dim(self.reshape(-1), 0, False, ignore_nan=False)[0]
 
 
 @xla("aten::nanmedian.default")
 def nanmedian(self):
+    if self.size == 0:
+        return _empty_median(self.dtype)
     return _median_dim(self.reshape(-1), 0, False, ignore_nan=True)[0]
 
 

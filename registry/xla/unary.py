@@ -17,6 +17,7 @@ from jax import lax
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import check_kernel_dtype
 from tpu_kernels.registry.xla._util import as_dtype, float_compute, is_bool, is_int
 
 
@@ -87,6 +88,7 @@ def unary_core(name: str) -> Callable[[jax.Array, Any], jax.Array]:
     keep_input = name in UNARY_SAME  # bool results must see the input's own dtype
 
     def core(x, dt):
+        check_kernel_dtype(name, dt)
         # a complex input keeps its dtype (angle's result is real: casting the input to it
         # first would drop the imaginary part)
         cd = float_compute(x.dtype if keep_input or jnp.iscomplexobj(x) else dt)

@@ -2,10 +2,12 @@
 ternary.py) with CPU torch."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from helpers import check
+from helpers import check, to_tpu
 
 G = torch.Generator()
 
@@ -249,6 +251,27 @@ def test_pow_retrace_free():
     assert dispatch.TRACES[torch.ops.aten.pow.Tensor_Scalar] == 1
 
 
+NEGATIVE_INT_POWER = "Integers to negative integer powers are not allowed."
+
+
+def test_pow_int_to_negative_python_int_raises():
+    """torch refuses an integer (or bool) tensor to a negative Python int, in place and with
+    out= too; tpu returned 0s (1s for |x| == 1)."""
+    x = torch.tensor([2, 3]).to("tpu")
+    calls = [lambda: x ** -1, lambda: torch.tensor([1, -1]).to("tpu") ** -2, lambda: x.clone().pow_(-1),
+             lambda: torch.pow(x, -1, out=torch.empty_like(x)), lambda: torch.tensor([True]).to("tpu") ** -1,
+             lambda: torch.tensor([2], dtype=torch.uint8).to("tpu") ** -3]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=re.escape(NEGATIVE_INT_POWER)):
+            call()
+    i = torch.tensor([2, 1, -1, -1, 0])
+    check(torch.pow, i, torch.tensor([-1, -1, -1, -2, -1]))   # a tensor exponent: values
+    check(lambda t: t ** -1.5, i.abs())                        # a float exponent promotes
+    check(lambda t: 2 ** t, torch.tensor([-1, 2]))
+    check(lambda t: t ** 0, i)
+    check(lambda t: t ** 5, i)
+
+
 BINARY_FLOAT = ["atan2", "hypot", "copysign", "nextafter", "xlogy", "logaddexp", "logaddexp2",
                 "maximum", "minimum", "fmax", "fmin", "heaviside"]
 
@@ -302,6 +325,54 @@ def test_integer_binary():
     check(torch.bitwise_right_shift, i32, s32)
     u8 = torch.tensor([1, 128, 255, 7], dtype=torch.uint8)
     check(torch.bitwise_right_shift, u8, torch.tensor([1, 3, 8, 9], dtype=torch.uint8))
+
+
+def raises_as_cpu(fn, *args) -> None:
+    """``fn(*args)`` raises on tpu what it raises on CPU: the same type and message."""
+    with pytest.raises(Exception) as cpu:
+        fn(*args)
+    with pytest.raises(cpu.type, match=re.escape(str(cpu.value))) as tpu:
+        fn(*to_tpu(args))
+    assert type(tpu.value) is cpu.type
+
+
+BITWISE_CALLS = [
+    lambda x: torch.bitwise_and(x, 1), lambda x: torch.bitwise_or(x, x), lambda x: torch.bitwise_xor(1, x),
+    lambda x: x & 1, lambda x: x | x, lambda x: 1 ^ x, lambda x: x.clone().bitwise_and_(1),
+    lambda x: x.clone().__ior__(1), lambda x: torch.bitwise_xor(x, 1, out=torch.empty_like(x)),
+    torch.bitwise_not, lambda x: x.clone().bitwise_not_(), lambda x: torch.bitwise_not(x, out=torch.empty_like(x)),
+]
+
+
+def test_bitwise_on_floats_raises_as_cpu():
+    """torch has integer and bool bitwise kernels only: NotImplementedError, where tpu raised
+    JAX's TypeError (which ``x & 1`` turned into 'unsupported operand type(s)')."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64):
+        for call in BITWISE_CALLS:
+            raises_as_cpu(call, torch.tensor([1.5, 2.0], dtype=dtype))
+    raises_as_cpu(torch.bitwise_and, torch.tensor([3]), torch.tensor([1.5]))   # promotes to Float
+    raises_as_cpu(lambda b: b | 1.0, torch.tensor([True]))
+
+
+def test_shifts_on_floats_and_bools_raise_as_cpu():
+    for dtype in (torch.float32, torch.float16):
+        for call in (lambda x: x << 1, lambda x: x >> 1, lambda x: 1 << x, lambda x: torch.bitwise_left_shift(x, 1),
+                     lambda x: torch.bitwise_right_shift(x, x)):
+            raises_as_cpu(call, torch.tensor([1.5, 2.0], dtype=dtype))
+    b = torch.tensor([True, False])
+    raises_as_cpu(torch.bitwise_left_shift, b, b)   # no bool shift kernels
+    raises_as_cpu(torch.bitwise_right_shift, b, b)
+
+
+def test_bitwise_error_names_the_tpu_device():
+    """Past the size the dispatcher re-runs on CPU for torch's own error, the lowering's error
+    stands: torch's wording, the device named as CUDA's names itself ("bitwise_and_cuda")."""
+    from tpu_kernels.dispatch.meta import PROBE_LIMIT
+    x = torch.zeros(PROBE_LIMIT + 1, device="tpu")
+    with pytest.raises(NotImplementedError, match=re.escape('"bitwise_and_tpu" not implemented for \'Float\'')):
+        torch.bitwise_and(x, 1)
+    with pytest.raises(NotImplementedError, match=re.escape('"bitwise_not_tpu" not implemented for \'Half\'')):
+        torch.bitwise_not(x.half())
 
 
 # -- comparisons, logical, where, clamp --------------------------------------------------------------

@@ -2,6 +2,8 @@
 norms.py, order_stats.py, scans.py) with CPU torch."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import check
@@ -258,6 +260,28 @@ def test_median_nan():
     check(lambda a: torch.nanmedian(a, 1), torch.tensor([[3.0, NAN, 1, 2, 5], [4.0, 1, 2, 0, 7]]))
     check(torch.nanmedian, x)
     check(lambda a: torch.nanmedian(a, 1)[0], torch.tensor([[NAN, NAN], [1.0, NAN]]))
+
+
+def test_median_empty():
+    """No elements: NaN (cast to the dtype, as CPU casts it), where tpu raised JAX's 'argmax of
+    an empty sequence' (median) or returned 0 (nanmedian); a kept nonempty dim: empty results."""
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool):
+        e = torch.zeros(0, 3, dtype=dtype)
+        check(torch.median, e)
+        check(torch.nanmedian, e)
+        if dtype != torch.bool:   # CPU has no bool median(dim) kernel
+            check(lambda a: torch.median(a, 1), e)
+            check(lambda a: torch.nanmedian(a, -1, keepdim=True), e)
+    check(torch.median, torch.zeros(0))
+
+
+def test_median_empty_dim_raises():
+    msg = "median(): Expected reduction dim 0 to have non-zero size."
+    e = torch.zeros(0, 3).to("tpu")
+    for call in (lambda: e.median(0), lambda: e.nanmedian(0), lambda: e.median(-2, keepdim=True),
+                 lambda: e.nanmedian(-2, keepdim=True), lambda: e[:, 0].nanmedian(0)):
+        with pytest.raises(IndexError, match=re.escape(msg)):
+            call()
 
 
 def test_mode():

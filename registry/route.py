@@ -76,6 +76,10 @@ class Route:
         else:
             head, remedy = str(op), (f"Set TPU_KERNELS_CPU_FALLBACK=1 to run it on the CPU (copying the "
                                      f"tensors), or register an impl with @tpu_kernel(\"{name}\").")
+        if "sparse" in name:   # a sparse layout, not a missing kernel: say where it came from
+            remedy = (f"The tpu device has no sparse tensors (as XLA: dense arrays only). "
+                      f"nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True) make sparse "
+                      f"gradients: use sparse=False (dense gradients, any optimizer but SparseAdam).\n{remedy}")
         return NotImplementedError(f"{head} has no implementation on the tpu device.{why}\n{remedy}")
 
 

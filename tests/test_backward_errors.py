@@ -22,3 +22,12 @@ def test_backward_error_is_raised_at_next_op_naming_the_op():
         assert (x * 2).cpu().shape == (3,)  # later ops work
     finally:
         unregister(broken)
+
+
+def test_sparse_embedding_gradient_says_what_to_do():
+    """nn.Embedding(sparse=True) makes a sparse gradient, which the device cannot hold: the
+    error (at the next op, as every backward error) names the layer option to change."""
+    e = torch.nn.Embedding(10, 3, sparse=True).to("tpu")
+    e(torch.tensor([1, 2], device="tpu")).sum().backward()
+    with pytest.raises(errors.DeferredError, match=r"no sparse tensors.*nn\.Embedding\(sparse=True\).*use sparse=False"):
+        torch.optim.SGD(e.parameters(), lr=0.1).step()

@@ -203,3 +203,18 @@ def test_number_arguments_are_checked_on_every_call(name):
         with pytest.raises(RuntimeError, match=re.escape(str(want.value))):
             bad(t).cpu()
         good(t).cpu()
+
+
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.huber_loss, F.l1_loss])
+def test_mean_loss_of_an_empty_batch_backward(loss):
+    """torch's meta function for these backwards divides by numel() (ZeroDivisionError on an
+    empty input) where CPU's kernel gives an empty gradient: the gradient was never written
+    and the next op raised the deferred error."""
+    a, b = torch.randn(0, 5, requires_grad=True), torch.randn(0, 5)
+    ta = a.detach().to("tpu").requires_grad_()
+    got, want = loss(ta, b.to("tpu")), loss(a, b)
+    got.backward()
+    want.backward()
+    assert got.isnan().item() and want.isnan().item()
+    assert ta.grad is not None and ta.grad.shape == a.grad.shape == (0, 5)
+    errors.raise_pending()

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import torch
+from torch.utils._pytree import tree_map
 
 from tpu_kernels.dispatch import dynamo_free
 from tpu_kernels.dispatch.devices import meta_of_cpu
@@ -58,6 +59,13 @@ def _torch_meta(op: Any, margs: tuple, mkwargs: dict, args: tuple, kwargs: dict)
     dtypes, not values, so the stand-ins' values do not matter)."""
     try:
         return op(*margs, **mkwargs)
+    except ZeroDivisionError:
+        # a meta function that is a decomposition dividing by numel() (mse_loss_backward
+        # of an empty input): not an argument check; CPU's kernel gives the result's layout
+        cpu, out = cpu_probe(op, args, kwargs)
+        if cpu is not None or out is None:
+            raise
+        return tree_map(_meta_like, out)
     except (RuntimeError, ValueError, IndexError) as exc:
         cpu = cpu_error(op, args, kwargs)
         if cpu is None:
@@ -65,9 +73,22 @@ def _torch_meta(op: Any, margs: tuple, mkwargs: dict, args: tuple, kwargs: dict)
         raise cpu from exc
 
 
+def _meta_like(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    return v
+
+
 def cpu_error(op: Any, args: tuple, kwargs: dict) -> Exception | None:
     """The error torch's CPU kernel raises for the call on stand-ins; None when it raises
     none (or the stand-ins would be too big to make)."""
+    return cpu_probe(op, args, kwargs)[0]
+
+
+def cpu_probe(op: Any, args: tuple, kwargs: dict) -> tuple[Exception | None, Any]:
+    """(the error, the result) of torch's CPU kernel on zero-filled stand-ins of the call's
+    tpu tensors; (None, None) when the stand-ins would be too big to make or the kernel
+    fails another way."""
     budget = [PROBE_LIMIT]
 
     def stand_in(v: Any) -> Any:
@@ -85,14 +106,13 @@ def cpu_error(op: Any, args: tuple, kwargs: dict) -> Exception | None:
     try:
         cargs, ckwargs = tuple(stand_in(a) for a in args), {k: stand_in(v) for k, v in kwargs.items()}
     except OverflowError:
-        return None
+        return None, None
     try:
-        op(*cargs, **ckwargs)
+        return None, op(*cargs, **ckwargs)
     except (RuntimeError, ValueError, IndexError) as exc:
-        return exc
+        return exc, None
     except Exception:  # noqa: BLE001 - a different kind of failure: keep the meta error
-        return None
-    return None
+        return None, None
 
 
 def out_metas(out: Any) -> list[OutMeta | None]:

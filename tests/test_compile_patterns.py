@@ -435,3 +435,23 @@ def test_linalg_with_its_error_check_compiled(fn, grad):
         got.abs().sum().backward()
         want.abs().sum().backward()
         close(a.grad, a_cpu.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_attention_whose_values_are_narrower_than_its_keys_trains_compiled():
+    """DeepSeek-V2/V3, MiniCPM3 and GLM-4-MoE-Lite attend with value heads narrower than
+    query/key heads: SDPA becomes _scaled_dot_product_fused_attention_overrideable, whose
+    max_q/max_k results are numbers; inside a compiled program they were read off traced
+    arrays (ConcretizationTypeError). They are torch's meta numbers there."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 8, 12), torch.randn(2, 4, 8, 12), torch.randn(2, 4, 8, 6)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    tpu = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    want, got = f(*cpu), torch.compile(f, backend="tpu")(*tpu)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    close(got, want)
+    for a, b in zip(tpu, cpu):
+        close(a.grad, b.grad, atol=1e-5, rtol=1e-4)

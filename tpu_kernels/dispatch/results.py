@@ -110,6 +110,8 @@ def _wrap_like(meta: Any, it, laid_out: bool) -> Any:
     if isinstance(meta, (list, tuple)):
         return type(meta)(_wrap_like(m, it, laid_out) for m in meta)
     v = next(it)
+    if isinstance(v, jax.core.Tracer):   # inside a program: torch's meta number is the value
+        return meta                       # (an attention's max_q/max_k: sequence lengths)
     return v.item() if hasattr(v, "item") else v
 
 

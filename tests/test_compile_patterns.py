@@ -455,3 +455,24 @@ def test_attention_whose_values_are_narrower_than_its_keys_trains_compiled():
     close(got, want)
     for a, b in zip(tpu, cpu):
         close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_module_cast_to_its_own_dtype_inside_compiled_code():
+    """SwitchTransformers' router runs ``self.classifier = self.classifier.to(self.dtype)``
+    in its forward: a conversion that changes nothing, which torch still did by swapping each
+    parameter with itself, refused for parameters Dynamo holds weakly ("Couldn't swap")."""
+    class Router(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.classifier = nn.Linear(4, 3)
+
+        def forward(self, x):
+            self.classifier = self.classifier.to(torch.float32)
+            return self.classifier(x).softmax(-1)
+    cpu, tpu = pair(Router())
+    x = torch.randn(5, 4)
+    cf = torch.compile(tpu, backend="tpu")
+    for _ in range(2):
+        cf(x.to("tpu")).square().sum().backward()
+        cpu(x).square().sum().backward()
+    grads_close(tpu, cpu)

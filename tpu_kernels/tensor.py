@@ -460,11 +460,28 @@ def _releasing_shadows(apply: Callable) -> Callable:
             for name, p in self._parameters.items():
                 if p is not None and not isinstance(p, TpuTensor) and weakref.getweakrefcount(p):
                     _replace_held(self, name, p, fn)
+            if outer and _converts_nothing(self, fn, recurse):
+                return self
             return apply(self, fn, recurse)
         finally:
             if outer:
                 _MOVING.memo = None
     return wrapper
+
+
+def _converts_nothing(module: torch.nn.Module, fn: Callable, recurse: bool) -> bool:
+    """True when ``fn`` returns every tensor of ``module`` (tpu tensors among them) as it is:
+    torch would swap each tpu tensor with itself, and refuse to for one that is weakly
+    referenced (Dynamo holds a compiled function's parameters so: "Couldn't swap"), although
+    there is nothing to do (SwitchTransformers' router runs ``self.classifier.to(self.dtype)``
+    in its forward). A conversion that changes something stops at its first tensor."""
+    tensors = [t for m in (module.modules() if recurse else [module])
+               for t in itertools.chain(m._parameters.values(), m._buffers.values()) if t is not None]
+    if not any(type(t) is TpuTensor for t in tensors):
+        return False
+    tensors += [t.grad for t in tensors if isinstance(t, torch.nn.Parameter) and t.grad is not None]
+    with torch.no_grad():
+        return all(fn(t) is t for t in tensors)
 
 
 def _replace_held(module: torch.nn.Module, name: str, p: torch.nn.Parameter, fn: Callable) -> None:

@@ -6,9 +6,11 @@ Algorithm (per row block, vocabulary blocks visited in order, stats in f32 VMEM 
         m' = max(m, rowmax X);  s = s * exp(m - m') + sum exp(X - m');  m = m'
         x_t += X[target];  wx += sum_c w_c X_c            (wx only with label smoothing)
     lse = m + log s
-Per row, with W = sum_c w_c and eps the label smoothing (torch's formula):
+Per row, with W = sum_c w_c and eps the label smoothing (torch's formula; eps <= 0 or nan
+is none, and the smoothing term is left out then, as torch does: 0 * inf is nan):
     loss = (1 - eps) w_t (lse - x_t) + eps / C (W lse - wx),    0 where target == ignore_index
-    mean divides the sum by sum of w_t over the non-ignored rows.
+    mean divides the sum by sum of w_t over the non-ignored rows (nan when every row is
+    ignored, as torch; their gradient stays 0).
 Backward, one more pass (grid fully parallel), p = exp(X - lse), g the row's cotangent:
     dX = g [(1 - eps) w_t (p - onehot_t) + eps / C (W p - w)]
 Class weights are constants (no gradient), as in torch.
@@ -25,6 +27,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpu_kernels.pallas import tpu_info, tuned
 from tpu_kernels.pallas.launch import cost, pallas_call
+from tpu_kernels.pallas.reference.cross_entropy import smoothing
 from tpu_kernels.pallas.tpu_info import round_up
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -78,7 +81,7 @@ def supports(logits_shape: tuple[int, ...], logits_dtype, target_dtype,
         return f"weight shape {tuple(weight_shape)} != ({n_cls},)"
     if reduction not in REDUCTIONS:
         return f"reduction {reduction!r} not in {REDUCTIONS}"
-    if not 0.0 <= label_smoothing <= 1.0:
+    if label_smoothing > 1.0:      # negative or nan: no smoothing, as torch (``smoothing``)
         return "label_smoothing must be in [0, 1]"
     return None
 
@@ -189,46 +192,51 @@ def _grad_logits(logits, target, weight, coef, tgt: tpu_info.Target):
 
 # ----------------------------------------------------------------------------- wrapper
 
-def _row_terms(stats, target, weight, ignore_index: int, eps: float):
-    """Per-row loss, target weight w_t (0 on ignored rows) and the valid mask."""
-    n_cls = weight.shape[0]
+def _target_weight(target, weight, ignore_index: int):
+    """w_t per row (0 on ignored rows) and the valid-row mask."""
     valid = target != ignore_index
-    w_t = jnp.where(valid, weight[jnp.where(valid, target, 0)], 0.0)
-    lse, xt, wx = stats[:, 0], stats[:, 1], stats[:, 2]
-    loss = (1.0 - eps) * w_t * (lse - xt)
-    if eps:
-        loss += jnp.where(valid, (eps / n_cls) * (weight.sum() * lse - wx), 0.0)
-    return loss, w_t, valid
+    return jnp.where(valid, weight[jnp.where(valid, target, 0)], 0.0), valid
 
 
-def _reduce(loss, w_t, reduction: str):
+def _reduce(loss, total, reduction: str):
     if reduction == "none":
         return loss
-    return loss.sum() if reduction == "sum" else loss.sum() / w_t.sum()
+    return loss.sum() if reduction == "sum" else loss.sum() / total
+
+
+def _loss(stats, target, weight, ignore_index: int, reduction: str, eps: float):
+    """torch's ``(1 - eps) nll + eps / C smooth``, each term reduced on its own, the
+    smoothing term only when eps > 0 (its ``0 * inf`` would make a -inf logit's finite
+    loss nan); ignored rows are selected away, never multiplied by 0 (a -inf logit)."""
+    w_t, valid = _target_weight(target, weight, ignore_index)
+    total = w_t.sum()
+    lse, xt, wx = stats[:, 0], stats[:, 1], stats[:, 2]
+    loss = _reduce(jnp.where(valid, w_t * (lse - xt), 0.0), total, reduction)
+    if eps > 0:
+        smooth = jnp.where(valid, weight.sum() * lse - wx, 0.0)
+        loss = (1.0 - eps) * loss + (eps / weight.shape[0]) * _reduce(smooth, total, reduction)
+    return loss
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def _ce(logits, target, weight, ignore_index, reduction, eps, tgt):
-    stats = _row_stats(logits, target, weight, eps > 0, tgt)
-    loss, w_t, _ = _row_terms(stats, target, weight, ignore_index, eps)
-    return _reduce(loss, w_t, reduction).astype(logits.dtype)
+    return _ce_fwd(logits, target, weight, ignore_index, reduction, eps, tgt)[0]
 
 
 def _ce_fwd(logits, target, weight, ignore_index, reduction, eps, tgt):
     stats = _row_stats(logits, target, weight, eps > 0, tgt)
-    loss, w_t, _ = _row_terms(stats, target, weight, ignore_index, eps)
-    out = _reduce(loss, w_t, reduction).astype(logits.dtype)
+    out = _loss(stats, target, weight, ignore_index, reduction, eps).astype(logits.dtype)
     return out, (logits, target, weight, stats[:, 0])
 
 
 def _ce_bwd(ignore_index, reduction, eps, tgt, res, g):
     logits, target, weight, lse = res
     n_cls = logits.shape[1]
-    valid = target != ignore_index
-    w_t = jnp.where(valid, weight[jnp.where(valid, target, 0)], 0.0)
+    w_t, valid = _target_weight(target, weight, ignore_index)
     g = g.astype(jnp.float32)
     if reduction == "mean":
         g = g / w_t.sum()
+    # selected, not scaled: ignored rows get 0 even when the mean divides by 0
     r = jnp.where(valid, jnp.broadcast_to(g, target.shape), 0.0)
     a = r * (1.0 - eps) * w_t
     b = r * (eps / n_cls)
@@ -256,4 +264,4 @@ def cross_entropy(logits: jax.Array, target: jax.Array, weight: jax.Array | None
     n_cls = logits.shape[1]
     w = jnp.ones((n_cls,), jnp.float32) if weight is None else weight.astype(jnp.float32)
     return _ce(logits, target.astype(jnp.int32), lax.stop_gradient(w), int(ignore_index),
-               reduction, float(label_smoothing), tpu_info.target(interpret))
+               reduction, smoothing(label_smoothing), tpu_info.target(interpret))

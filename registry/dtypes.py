@@ -37,6 +37,12 @@ _SCALAR_TYPE_NAMES = {
     torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
 }
 
+def scalar_type_name(dtype) -> str:
+    """torch's name of ``dtype`` (a torch or JAX/numpy dtype) in its errors: 'Float', 'Long'..."""
+    t = dtype if isinstance(dtype, torch.dtype) else to_torch_dtype(dtype)
+    return _SCALAR_TYPE_NAMES.get(t, str(t))
+
+
 # Ops whose torch kernels exist for some kinds of dtype only: op -> (torch's kernel name, the
 # numpy kinds its kernels take: b bool, i/u integers). Other dtypes raise torch's error.
 KERNEL_DTYPES: dict[str, tuple[str, str]] = {
@@ -52,5 +58,5 @@ def check_kernel_dtype(op: str, dtype) -> None:
     error names itself ("bitwise_and_cuda")."""
     entry = KERNEL_DTYPES.get(op)
     if entry is not None and np.dtype(dtype).kind not in entry[1]:
-        kernel, name = entry[0], _SCALAR_TYPE_NAMES.get(to_torch_dtype(dtype), str(dtype))
+        kernel, name = entry[0], scalar_type_name(dtype)
         raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{name}\'')

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from tpu_kernels.registry.context import check
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import scalar_type_name
 
 
 @xla("aten::histc.default")
@@ -73,15 +74,13 @@ def histogram_bins(self, bins, *, weight=None, density=False):
     return _histogram(self, bins.astype(self.dtype), weight, density)
 
 
-_TYPE_NAMES = {"bool": "Bool", "float16": "Half", "bfloat16": "BFloat16", "float32": "Float",
-               "float64": "Double", "complex64": "ComplexFloat", "complex128": "ComplexDouble"}
 _BINCOUNT_INPUTS = "bincount only supports 1-d non-negative integral inputs."
 
 
 def _check_bincount(self, weights, minlength: int) -> None:
     """CPU's argument checks, in its order (the empty input returns before the others)."""
-    if self.dtype.name in _TYPE_NAMES:
-        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{_TYPE_NAMES[self.dtype.name]}\'')
+    if not jnp.issubdtype(self.dtype, jnp.integer):   # (bool included: CPU has no kernel)
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{scalar_type_name(self.dtype)}\'')
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if self.ndim == 1 and self.size == 0:

@@ -17,11 +17,23 @@ from tpu_kernels.pallas.reference import linear_cross_entropy as lce_ref
 from tpu_kernels.registry.context import check
 from tpu_kernels.registry.custom_ops import library  # noqa: F401  (declares the ops first)
 from tpu_kernels.registry.decorator import tpu_kernel
+from tpu_kernels.registry.dtypes import to_torch_dtype
+from tpu_kernels.registry.xla.loss import check_label_smoothing, check_target_dtype, check_weight_dtype
 
 
 def _targets_in_range(target, n_cls: int, ignore_index: int) -> None:
+    target = ce_ref.class_indices(target)
     check((target == ignore_index) | ((target >= 0) & (target < n_cls)),
           f"Target is out of bounds (classes: {n_cls})")
+
+
+def _check_ce_args(logits, target, weight, label_smoothing: float) -> None:
+    """F.cross_entropy's static checks (the op's CPU reference makes them), made while the
+    op's meta is traced, so every impl bound to the op gets them."""
+    if isinstance(label_smoothing, (int, float)):   # a Python float in the meta, traced in the jit
+        check_label_smoothing(label_smoothing)
+    check_target_dtype(to_torch_dtype(target.dtype))
+    check_weight_dtype(to_torch_dtype(logits.dtype), None if weight is None else to_torch_dtype(weight.dtype))
 
 
 @tpu_kernel("tpu_kernels::cross_entropy", kind="xla")
@@ -29,6 +41,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[t
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> torch.Tensor:
     """``F.cross_entropy(logits [n, C], target [n])`` in one fused XLA computation (f32 stats)."""
+    _check_ce_args(logits, target, weight, label_smoothing)
     _targets_in_range(target, logits.shape[1], ignore_index)
     return ce_ref.cross_entropy(logits, target, weight, ignore_index=ignore_index,
                                 reduction=reduction, label_smoothing=label_smoothing)

@@ -5,13 +5,17 @@ binary cross entropy), margin losses, and their backward ops.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import torch
+from torch._decomp import decompositions as torch_decomps
 
+from tpu_kernels.pallas.reference.cross_entropy import class_indices
 from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import scalar_type_name, to_torch_dtype
 from tpu_kernels.registry.xla._util import float_compute, meta_like
 
 NONE, MEAN, SUM = 0, 1, 2
@@ -42,10 +46,85 @@ def _ct():
     return float_compute(out_dtype())
 
 
+# -- argument checks: torch's words ------------------------------------------------------------
+def _sizes(shape: Sequence[int]) -> str:
+    return f"[{', '.join(str(n) for n in shape)}]"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise RuntimeError(message)
+
+
+def check_label_smoothing(label_smoothing: float) -> None:
+    """torch bounds label smoothing only from above: a negative or nan one is no smoothing."""
+    _require(not label_smoothing > 1.0, f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing:g}")
+
+
+def check_target_dtype(dtype: torch.dtype) -> None:
+    _require(dtype in (torch.int64, torch.uint8),
+             f"expected target dtype to be Long or Byte, but got {scalar_type_name(dtype)}")
+
+
+def check_weight_dtype(input_dtype: torch.dtype, weight_dtype: Optional[torch.dtype]) -> None:
+    """CPU's kernels read the class weights as the input's dtype."""
+    _require(weight_dtype is None or weight_dtype == input_dtype,
+             f"expected scalar type {scalar_type_name(input_dtype)} but found {scalar_type_name(weight_dtype)}")
+
+
+def check_nll_args(self: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
+    """nll_loss_forward's checks in the order and words of torch's C++ meta function."""
+    _require(0 < self.dim() <= 2, "input tensor should be 1D or 2D")
+    _require(target.dim() <= 1, "0D or 1D target tensor expected, multi-target not supported")
+    check_target_dtype(target.dtype)
+    no_batch_dim = self.dim() == 1 and target.dim() == 0
+    _require(no_batch_dim or (target.dim() == 1 and self.shape[0] == target.shape[0]),
+             f"size mismatch (got input: {_sizes(self.shape)}, target: {_sizes(target.shape)})")
+    n_cls = self.shape[-1]
+    _require(weight is None or (weight.dim() == 1 and weight.numel() == n_cls),
+             f"weight tensor should be defined either for all {n_cls} classes or no classes but got "
+             f"weight tensor of shape: {_sizes(() if weight is None else weight.shape)}")
+
+
+def _check_kernel_dtypes(self: jax.Array, target: jax.Array, weight: Optional[jax.Array]) -> None:
+    """The dtype checks of torch's CPU nll_loss kernels, which the meta functions skip (the
+    lowering would compute with int32 targets, int logits or another weight dtype)."""
+    check_target_dtype(to_torch_dtype(target.dtype))
+    x = to_torch_dtype(self.dtype)
+    if not x.is_floating_point:
+        frame = "nll_loss2d_forward_out_frame" if self.ndim == 4 else "nll_loss_out_frame"
+        raise NotImplementedError(f'"{frame}" not implemented for \'{scalar_type_name(x)}\'')
+    check_weight_dtype(x, None if weight is None else to_torch_dtype(weight.dtype))
+
+
+# torch's Meta key runs Python decompositions for nll_loss: their gather/scatter refuse the
+# uint8 targets CPU takes, and they raise AssertionError where CPU raises RuntimeError.
+_META_OVERRIDES = torch.library.Library("aten", "IMPL")
+
+
+def _nll_loss_forward_meta(self, target, weight, reduction, ignore_index):
+    """torch's C++ meta function of nll_loss_forward (checks, then result shapes)."""
+    check_nll_args(self, target, weight)
+    out = (self.shape[0],) if reduction == NONE and self.dim() == 2 else ()
+    return self.new_empty(out), self.new_empty(())
+
+
+def _nll_loss_backward_meta(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    """torch's Python meta, with a uint8 target read as int64 (its scatter refuses uint8)."""
+    target = target.long() if target.dtype == torch.uint8 else target
+    return torch_decomps.nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index,
+                                           total_weight)
+
+
+_META_OVERRIDES.impl("nll_loss_forward", _nll_loss_forward_meta, "Meta")
+_META_OVERRIDES.impl("nll_loss_backward", _nll_loss_backward_meta, "Meta")
+
+
 # -- nll_loss ---------------------------------------------------------------------------------
 def _nll_pick(self, target, weight, ignore_index, ct):
     """Per-target -x[target]*w and w, with ignored targets giving 0 (class axis 1, or 0 for 1-D)."""
     cdim = 0 if self.ndim < 2 else 1
+    target = class_indices(target)
     valid = target != ignore_index
     n_cls = self.shape[cdim]
     check(~valid | ((target >= 0) & (target < n_cls)), f"Target is out of bounds (classes: {n_cls})")
@@ -59,6 +138,7 @@ def _nll_pick(self, target, weight, ignore_index, ct):
 
 @xla("aten::nll_loss_forward", "aten::nll_loss2d_forward")
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    _check_kernel_dtypes(self, target, weight)
     ct = _ct()
     loss, w = _nll_pick(self, target, weight, ignore_index, ct)
     if reduction == NONE and self.ndim > 1:
@@ -75,6 +155,7 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
 def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
     ct = _ct()
     cdim = 0 if self.ndim < 2 else 1
+    target = class_indices(target)
     if self.ndim == 1 and target.ndim > 0:  # torch's kernel reads target[0] for unbatched input
         target = target[0]
     g = grad_output.astype(ct)

@@ -1,10 +1,14 @@
 """Parity of the loss lowerings (registry/xla/loss.py) with CPU torch."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_same, check, to_tpu
+
+from tpu_kernels import registry
 
 aten = torch.ops.aten
 REDUCTIONS = ["none", "mean", "sum"]
@@ -107,6 +111,101 @@ def test_cross_entropy_probability_targets():
     x = _rand(5, 6).requires_grad_()
     p = torch.softmax(_rand(5, 6, seed=4), 1)
     check(lambda x, p: F.cross_entropy(x, p, label_smoothing=0.2), x, p, grad=True)
+
+
+# -- cross entropy: edge values and CPU's argument checks, eager and compiled ------------------
+INF = float("inf")
+MODES = ["eager", "compiled"]
+# the fused op's impls: its XLA lowering, or the Pallas kernel (interpret mode)
+KINDS = {"xla": lambda: registry.only("xla"), "pallas": registry.interpret}
+
+
+def _in(mode: str, fn):
+    """``fn``; "compiled": tpu arguments go through torch.compile(fn, backend="tpu") (CPU
+    runs ``fn`` as is). A fresh Dynamo cache: one code object compiled per call."""
+    if mode == "eager":
+        return fn
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tpu")
+    return lambda *a: (compiled if a[0].device.type == "tpu" else fn)(*a)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("mode", MODES)
+def test_cross_entropy_minus_inf_logits(mode, kind):
+    """A -inf logit (a masked class) gives CPU's finite loss: no smoothing term (0 * inf)
+    unless label_smoothing > 0 (then inf, as CPU); negative smoothing is none; an ignored
+    row whose ignore_index class is -inf stays 0."""
+    x = torch.tensor([[0.0, -INF, 1.0], [2.0, 1.0, -INF], [1.0, 0.5, -INF]]).requires_grad_()
+    t, w = torch.tensor([0, 1, 2]), torch.tensor([1.0, 2.0, 3.0])
+    with KINDS[kind]():
+        for ls in (0.0, 0.2, -0.1):
+            for r in REDUCTIONS:
+                check(_in(mode, lambda x, t, w: F.cross_entropy(x, t, w, ignore_index=2, reduction=r,
+                                                                label_smoothing=ls)), x, t, w, grad=True)
+        check(_in(mode, lambda x, t: F.cross_entropy(x, t)), x, torch.tensor([0, 1, 0]), grad=True)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("mode", MODES)
+def test_cross_entropy_every_target_ignored(mode, kind):
+    """The mean is nan (0 / 0) as on CPU, and the gradient zero, not nan."""
+    x, t, w = _rand(4, 5).requires_grad_(), torch.full((4,), -100), _unif(5) + 0.5
+    with KINDS[kind]():
+        for r in REDUCTIONS:
+            for ls in (0.0, 0.1):
+                check(_in(mode, lambda x, t: F.cross_entropy(x, t, reduction=r, label_smoothing=ls)),
+                      x, t, grad=True)
+                check(_in(mode, lambda x, t, w: F.cross_entropy(x, t, w, reduction=r, label_smoothing=ls)),
+                      x, t, w, grad=True)
+
+
+_BYTE_TARGETS = torch.tensor([0, 156, 255, 7, 200], dtype=torch.uint8)   # 156: -100 as a byte
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_byte_targets(mode):
+    """uint8 class indices work as on CPU: past 255 classes, and 156 is not ignore_index
+    -100 wrapped to a byte. (F.nll_loss only eager: torch.compile's fake tensors refuse
+    uint8 targets, on CPU too.)"""
+    x = _rand(5, 300).requires_grad_()
+    for r in REDUCTIONS:
+        check(_in(mode, lambda x, t: F.cross_entropy(x, t, reduction=r)), x, _BYTE_TARGETS, grad=True)
+        if mode == "eager":
+            check(lambda x, t: F.nll_loss(x, t, reduction=r), x, _BYTE_TARGETS, grad=True)
+
+
+_X, _T = _rand(4, 5), torch.tensor([0, 1, 3, 2])
+BAD_ARGS = {   # name: (call, arguments, CPU's error)
+    "ce_int32_target": (F.cross_entropy, (_X, _T.int()), "expected target dtype to be Long or Byte, but got Int"),
+    "ce_int16_target": (F.cross_entropy, (_X, _T.short()), "expected target dtype to be Long or Byte, but got Short"),
+    "ce_double_weight": (F.cross_entropy, (_X, _T, torch.ones(5, dtype=torch.float64)),
+                         "expected scalar type Float but found Double"),
+    "ce_float_weight_of_bf16": (F.cross_entropy, (_X.bfloat16(), _T, torch.ones(5)),
+                                "expected scalar type BFloat16 but found Float"),
+    "ce_label_smoothing": (lambda x, t: F.cross_entropy(x, t, label_smoothing=1.5), (_X, _T),
+                           "label_smoothing must be between 0.0 and 1.0. Got: 1.5"),
+    "ce_2d_target": (F.cross_entropy, (_X, _T.repeat(4, 1)), "0D or 1D target tensor expected, multi-target not supported"),
+    "ce_spatial_int32_target": (F.cross_entropy, (_rand(2, 5, 3), torch.zeros(2, 3, dtype=torch.int32)),
+                                "expected target dtype to be Long or Byte, but got Int"),
+    "nll_int32_target": (F.nll_loss, (_X, _T.int()), "expected target dtype to be Long or Byte, but got Int"),
+    "nll_double_weight": (F.nll_loss, (_X, _T, torch.ones(5, dtype=torch.float64)),
+                          "expected scalar type Float but found Double"),
+    "nll_2d_target": (F.nll_loss, (_X, _T.repeat(4, 1)), "0D or 1D target tensor expected, multi-target not supported"),
+}
+
+
+# compiled, a 2-D target fails in Dynamo's fake tensors (torch's decomposition), on CPU too
+@pytest.mark.parametrize("name, mode", [(n, m) for n in sorted(BAD_ARGS) for m in MODES
+                                        if m == "eager" or not n.endswith("2d_target")])
+def test_cross_entropy_bad_arguments_raise_as_cpu(name, mode):
+    """CPU's RuntimeError and words (compiled: Dynamo's RuntimeError subclass, quoting them)."""
+    fn, args, message = BAD_ARGS[name]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        fn(*args)
+    with pytest.raises(RuntimeError, match=re.escape(message)) as raised:
+        _in(mode, fn)(*to_tpu(args))
+    assert mode == "compiled" or type(raised.value) is RuntimeError
 
 
 # -- pointwise losses ----------------------------------------------------------------------------

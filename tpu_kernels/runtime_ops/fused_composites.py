@@ -12,22 +12,41 @@ runs as the Pallas flash kernel or the fused XLA lowering. Dropout takes the mat
 (one pass over the vocabulary) could never run. Catching ``cross_entropy_loss`` at the
 ``AutogradPrivateUse1`` key takes the whole call on tpu tensors to
 ``tpu_kernels::cross_entropy`` (which has its own autograd); anything the fused op does
-not cover (probability targets, spatial [N, C, d...] inputs) takes torch's own
-decomposition, unchanged.
+not cover (probability targets, spatial [N, C, d...] inputs, integer logits) takes torch's
+own decomposition, unchanged. The fused call first makes CPU's argument checks, in CPU's
+order and words: torch's meta functions skip its kernels' dtype checks.
 """
 from __future__ import annotations
 
 import torch
 
 from tpu_kernels.registry import runtime_handler
+from tpu_kernels.registry.xla.loss import check_label_smoothing, check_nll_args, check_weight_dtype
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 aten = torch.ops.aten
 
 
-def _cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-100,
-                        label_smoothing=0.0):
-    if input.dim() == 2 and not target.dtype.is_floating_point and target.dim() == 1:
+def _check_class_targets(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
+                         label_smoothing: float) -> None:
+    """CPU's checks of cross entropy over [n, C] logits with class-index targets, in its
+    order: label smoothing, nll_loss_nd's batch sizes, nll_loss's meta, the kernel's
+    weight dtype. Static, so they run before anything does."""
+    check_label_smoothing(label_smoothing)
+    if input.shape[0] != target.shape[0]:
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size "
+                         f"({target.shape[0]}).")
+    check_nll_args(input, target, weight)
+    check_weight_dtype(input.dtype, None if weight is None else weight.dtype)
+
+
+def _cross_entropy_loss(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                        reduction: int = 1, ignore_index: int = -100,
+                        label_smoothing: float = 0.0) -> torch.Tensor:
+    # equal shapes are probability targets; integer logits fail in log_softmax, as on CPU
+    indices = input.shape != target.shape and input.is_floating_point()
+    if indices and input.dim() == 2 and target.dim() >= 1:
+        _check_class_targets(input, target, weight, label_smoothing)
         return torch.ops.tpu_kernels.cross_entropy(input, target, weight, ignore_index,
                                                    _REDUCTIONS[reduction], label_smoothing)
     return aten.cross_entropy_loss.default.decompose(input, target, weight, reduction,

@@ -228,6 +228,8 @@ for _name, (_f, _df) in _POINTWISE.items():
 def binary_cross_entropy(self, target, weight=None, reduction=MEAN):
     ct = _ct()
     x, t = self.astype(ct), target.astype(ct)
+    # a probability outside [0, 1] (no sigmoid before the loss): CPU's kernel refuses it
+    check((x >= 0) & (x <= 1), "all elements of input should be between 0 and 1", RuntimeError)
     # torch clamps each log at -100 so that x in {0, 1} gives a finite loss
     loss = (t - 1) * jnp.maximum(jnp.log1p(-x), -100.0) - t * jnp.maximum(jnp.log(x), -100.0)
     if weight is not None:
@@ -269,6 +271,7 @@ def _multi_margin(x, target, p, margin, weight, reduction, shape):
     x2 = jnp.atleast_2d(x)
     t = jnp.atleast_1d(target).reshape(-1)
     n, c = x2.shape
+    check((t >= 0) & (t < c), "target out of range", RuntimeError)   # XLA would clamp it
     picked = jnp.take_along_axis(x2, t[:, None], axis=1)
     z = _relu(margin - picked + x2)
     z = z if p == 1 else z * z

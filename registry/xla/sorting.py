@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import scalar_type_name
 from tpu_kernels.registry.xla import _cpu_order
 
 
@@ -171,3 +172,54 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     counts = (jnp.diff(jnp.asarray(np.append(where, n))).astype(jnp.int64) if return_counts
               else jnp.asarray(_EMPTY))
     return vals, inv, counts
+
+
+def _wrap_unique_dim(dim: int, ndim: int) -> int:
+    if ndim == 0:
+        raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
+                         f"but got {dim})")
+    return dim % ndim
+
+
+@jax.jit
+def _unique_rows(rows: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Rows of ``rows`` (n, m) in lexicographic order: (order, first of each run of equal
+    rows, inverse, counts padded to n)."""
+    n, m = rows.shape
+    keys = rows.astype(jnp.uint8) if rows.dtype == jnp.bool_ else rows
+    if jnp.issubdtype(keys.dtype, jnp.floating):
+        keys = jnp.where(keys == 0, jnp.zeros((), keys.dtype), keys)  # CPU compares with <: -0 == 0
+
+    def by_column(j, order):  # stable sorts from the last column to the first: lexicographic
+        _, order = jax.lax.sort((keys[order, m - 1 - j], order), num_keys=1, is_stable=True)
+        return order
+    order = jax.lax.fori_loop(0, m, by_column, jnp.arange(n, dtype=jnp.int64))
+    ranked = rows[order]
+    starts = jnp.concatenate([jnp.ones((1,), bool), jnp.any(ranked[1:] != ranked[:-1], axis=1)])
+    group = jnp.cumsum(starts, dtype=jnp.int64) - 1
+    inverse = jnp.zeros((n,), jnp.int64).at[order].set(group)
+    counts = jnp.zeros((n,), jnp.int64).at[group].add(1)
+    return order, starts, inverse, counts
+
+
+@xla("aten::unique_dim.default", data_dependent=True)
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    """Unique slices along ``dim``, in lexicographic order (CPU always sorts). Like CPU, the
+    inverse and counts are returned whatever the flags say; rows with a NaN are all distinct."""
+    if jnp.iscomplexobj(self):
+        raise NotImplementedError(f"\"unique_dim\" not implemented for '{scalar_type_name(self.dtype)}'")
+    dim = _wrap_unique_dim(dim, self.ndim)
+    zero_dims = self.shape.count(0)
+    if self.shape[dim] == 0:
+        if zero_dims > 1:
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
+        return self, jnp.asarray(_EMPTY), jnp.asarray(_EMPTY)
+    if zero_dims:
+        raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+    x = jnp.moveaxis(self, dim, 0)
+    order, starts, inverse, counts = _unique_rows(x.reshape(x.shape[0], -1))
+    first = np.flatnonzero(np.asarray(starts))
+    vals = jnp.moveaxis(x[order[first]], 0, dim)
+    return vals, inverse, counts[:len(first)]

@@ -1,6 +1,8 @@
 """Parity of the sorting lowerings (registry/xla/sorting.py) with CPU torch."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import check
@@ -153,6 +155,36 @@ def test_unique_consecutive():
     m = torch.tensor([[1, 1], [1, 1], [2, 0], [2, 0], [1, 1]])
     check(lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True, dim=0), m)
     check(lambda a: torch.unique_consecutive(a, dim=1), m.t())
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bfloat16, torch.bool])
+def test_unique_dim(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2 if dtype == torch.bool else 3, (10, 3), generator=g).to(dtype)  # repeated rows
+    full = dict(return_inverse=True, return_counts=True)
+    check(lambda a: torch.unique(a, dim=0, **full), x)
+    check(lambda a: torch.unique(a, dim=1, **full), x.t())      # a dim that is not 0
+    check(lambda a: torch.unique(a, dim=-2, return_counts=True), x.reshape(2, 5, 3))
+    check(lambda a: torch.unique(a, dim=1, sorted=False, **full), x.reshape(2, 5, 3))
+    check(lambda a: torch.unique(a, dim=0), x[:, :1].reshape(-1))   # one column: plain unique
+
+
+def test_unique_dim_values_and_edges():
+    # lexicographic order over floats with negatives; -0.0 equals 0.0
+    x = torch.tensor([[0.0, 1.5], [-0.5, 2.0], [-0.0, 1.5], [-0.5, -2.0], [-0.5, 2.0]])
+    check(lambda a: torch.unique(a, dim=0, return_inverse=True, return_counts=True), x)
+    # rows holding a NaN are all distinct (where CPU sorts them among others is unspecified)
+    check(lambda a: torch.unique(a, dim=0, return_counts=True), torch.tensor([[NAN, 1.0], [NAN, 1.0]]))
+    # without the flags unique_dim still returns the inverse and the counts (as CPU does)
+    check(lambda a: aten.unique_dim(a, 0), torch.tensor([[3, 1], [1, 2], [3, 1], [0, 5]]))
+    check(lambda a: aten.unique_dim(a, 0, True, True, True), torch.zeros(0, 3))
+    check(lambda a: aten.unique_dim(a, 1, True, True, True), torch.zeros(3, 0))
+    for t, d, exc in [(torch.zeros(3, 0), 0, RuntimeError), (torch.zeros(0, 0), 1, RuntimeError),
+                      (torch.ones(2, 3), 2, IndexError), (torch.tensor(1.0), 0, IndexError)]:
+        with pytest.raises(exc) as cpu:
+            torch.unique(t, dim=d)
+        with pytest.raises(exc, match=re.escape(str(cpu.value).split("\n")[0])):
+            torch.unique(t.to("tpu"), dim=d)
 
 
 def test_histogram():

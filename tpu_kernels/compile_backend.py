@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tpu_kernels import compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
+from tpu_kernels.tensor import TpuTensor
 from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
 
 flex_attention.pass_through_under(_AnalyzeCustomOpInputOutputMode)
@@ -35,7 +36,6 @@ def _traced_device_copies() -> None:
     here the result is a tpu tensor (a wrapper subclass), which they cannot keep, so Dynamo
     raised 'fake_tensor must be a FakeTensor with a constant'. Refused as a constant, the
     move is traced like any other (torch's path for results it cannot keep)."""
-    from tpu_kernels.tensor import TpuTensor
     keeps = FakeTensorMode.may_turn_const
     if getattr(keeps, "_tpu_kernels", False):
         return

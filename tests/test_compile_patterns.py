@@ -476,3 +476,17 @@ def test_a_module_cast_to_its_own_dtype_inside_compiled_code():
         cf(x.to("tpu")).square().sum().backward()
         cpu(x).square().sum().backward()
     grads_close(tpu, cpu)
+
+
+def test_an_op_failing_while_the_backward_is_traced_raises_and_the_process_lives():
+    """torch's decomposition of mse_loss_backward divides by numel(): compiling the mean loss
+    of an empty batch fails in torch itself (aot_eager on CPU raises ZeroDivisionError). On
+    tpu the error went through a C++ autograd node whose stream guard, unwinding, called the
+    Python device guard with the error still set: std::terminate killed the process. It is
+    raised by the compile now."""
+    a, b = torch.randn(0, 5, device="tpu", requires_grad=True), torch.randn(0, 5, device="tpu")
+    with pytest.raises(Exception, match="mse_loss_backward.*ZeroDivisionError"):
+        torch.compile(lambda a, b: F.mse_loss(a, b), backend="tpu")(a, b)
+    x = torch.randn(3, device="tpu", requires_grad=True)   # later compiles and ops work
+    torch.compile(lambda x: (x * 2).sum(), backend="tpu")(x).backward()
+    close(x.grad, torch.full((3,), 2.0))

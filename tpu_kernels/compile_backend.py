@@ -20,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tpu_kernels import compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns
+from tpu_kernels import errors, compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.tensor import TpuTensor
@@ -85,6 +85,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
         compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
                                 bw_compiler=functools.partial(compiler, role="backward"),
                                 keep_inference_input_mutations=True)(gm, example_inputs)
+    errors.raise_pending()   # an op that failed while the backward was traced (tensor.py)
     if training:
         return compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
     return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled

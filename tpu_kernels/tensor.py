@@ -114,7 +114,12 @@ class TpuTensor(torch.Tensor):
         # is what torch.compiler.is_compiling() returns outside TorchScript, two calls less
         if _compiler._is_compiling_flag:
             if _is_traced(args, kwargs):
-                return _run_on_shadows(func, args, kwargs)
+                try:
+                    return _run_on_shadows(func, args, kwargs)
+                except Exception as exc:
+                    if not errors.in_backward():
+                        raise
+                    return _traced_backward_error(func, exc)
             if func in _LIFTS:
                 return _lift_constant(func, args[0])
             run = _guarded
@@ -290,6 +295,15 @@ def _lift_constant(func, t: TpuTensor) -> torch.Tensor:
     cpu = func(to_torch(read(t), t.dtype))
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(cpu)
     return out if isinstance(out, TpuTensor) else TpuTensor._traced(out)
+
+
+def _traced_backward_error(func, exc: Exception) -> None:
+    """An op failed while AOTAutograd traced a backward: kept for the compile to raise
+    (``compile_backend``), and an undefined gradient lets the engine finish. Raised through
+    torch's C++ autograd node, the error would end the process: the engine restores a tpu
+    node's stream while unwinding, through the Python device guard, with the error still
+    set (std::terminate)."""
+    errors.defer(exc, str(func))
 
 
 def _run_on_shadows(func, args: tuple, kwargs: dict) -> Any:

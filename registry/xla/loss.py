@@ -9,6 +9,7 @@ from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch._decomp import decompositions as torch_decomps
 
@@ -416,8 +417,22 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_in
                         out_shape(1)[-1], _ct())
 
 
+def _check_ctc_lengths(log_probs, targets, input_lengths, target_lengths) -> None:
+    """CPU's checks of the lengths (read here, as CPU reads them into lists): a length past
+    the input or the padded targets would index outside them."""
+    where = " (while checking arguments for ctc_loss_allocate_outputs)"
+    n_t = log_probs.shape[0]
+    for v in np.asarray(input_lengths).reshape(-1).tolist():
+        _require(v <= n_t, f"Expected input_lengths to have value at most {n_t}, but got value {v}{where}")
+    if targets.ndim == 2:   # padded (N, S)
+        for v in np.asarray(target_lengths).reshape(-1).tolist():
+            _require(v <= targets.shape[1], f"Expected tensor to have size at least {v} at dimension 1, but got "
+                                            f"size {targets.shape[1]} for argument #2 'targets'{where}")
+
+
 @xla("aten::_ctc_loss.Tensor", data_dependent=True)
 def ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    _check_ctc_lengths(log_probs, targets, input_lengths, target_lengths)
     # no meta function: log_alpha's width depends on the longest target
     width = 2 * int(jnp.max(target_lengths, initial=0)) + 1
     ct = float_compute(log_probs.dtype)

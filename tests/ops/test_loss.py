@@ -320,6 +320,18 @@ def test_ctc_loss_concatenated_targets_tensor_lengths(zero_infinity):
                                           zero_infinity=zero_infinity), x, flat, il, tl, grad=zero_infinity)
 
 
+@pytest.mark.parametrize("lengths", [((7, 4, 5), (3, 1, 0)), ((6, 4, 5), (3, 4, 0))], ids=["input", "target"])
+def test_ctc_loss_lengths_past_the_input_raise_as_cpu(lengths):
+    """tpu length tensors: a length past the input or the padded targets returned NaN or a
+    value (XLA reads clamped); CPU reads the lengths and raises."""
+    x, targets = _ctc_inputs()
+    il, tl = (torch.tensor(v) for v in lengths)
+    with pytest.raises(RuntimeError) as want:
+        F.ctc_loss(x.log_softmax(2), targets, il, tl)
+    with pytest.raises(RuntimeError, match=re.escape(str(want.value))):
+        F.ctc_loss(x.detach().to("tpu").log_softmax(2), targets.to("tpu"), il.to("tpu"), tl.to("tpu"))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_ctc_loss_with_lengths_on_the_cpu(reduction):
     """Length tensors left on the CPU beside tpu log-probs, as CUDA's kernel takes them (it

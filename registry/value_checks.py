@@ -4,7 +4,8 @@ The dispatcher keys its caches by a number argument's type, not its value (a new
 learning rate or dropout rate must not retrace), so torch's meta function, which holds
 some of these checks, runs only on a signature's first call; torch's CPU kernels hold
 the others. Each rule names the overloads, the arguments it reads (with their schema
-defaults), when the values are bad and torch's message; ``checker(op)`` gives the
+defaults), when the values are bad and torch's message; a rule marked ``"tensors"`` also
+reads tensor arguments (their dtypes: ``int_tensors ** -1``). ``checker(op)`` gives the
 dispatcher one function per op (None for the many ops without a rule).
 
     {"ops": ("aten::huber_loss",), "args": ("delta",),
@@ -57,7 +58,19 @@ RULES: list[dict[str, Any]] = [
     {"ops": ("aten::histc",), "args": ("min", "max"),
      "bad": lambda lo, hi: lo > hi,
      "message": lambda lo, hi: "torch.histc: max must be larger than min"},
+    # rules that also read tensors (``"tensors": True``): their dtypes, never their values
+    {"ops": ("aten::_foreach_pow.Scalar", "aten::_foreach_pow_.Scalar", "aten::_foreach_pow.ScalarList",
+             "aten::_foreach_pow_.ScalarList"), "args": ("self", "exponent"), "tensors": True,
+     "bad": lambda xs, e: _int_to_negative_int(xs, e),
+     "message": lambda xs, e: "Integers to negative integer powers are not allowed."},
 ]
+
+
+def _int_to_negative_int(xs: list, exponent: Any) -> bool:
+    """Some integer tensor of ``xs`` raised to a negative Python int (its own, for a list)."""
+    es = exponent if isinstance(exponent, (list, tuple)) else [exponent] * len(xs)
+    return any(type(e) is int and e < 0 and not (x.is_floating_point() or x.is_complex())
+               for x, e in zip(xs, es))
 
 
 def _names(op: OpOverload) -> set[str]:
@@ -92,7 +105,8 @@ def checker(op: OpOverload) -> Callable[[tuple, dict], None] | None:
     def check(args: tuple, kwargs: dict) -> None:
         for rule, readers in bound:
             values = [read(args, kwargs) for read in readers]
-            # a tensor or symbolic value is not a number to check here
-            if all(isinstance(v, (int, float)) or v is None for v in values) and rule["bad"](*values):
+            # a tensor or symbolic value is not a number to check (unless the rule reads tensors)
+            numbers = rule.get("tensors") or all(isinstance(v, (int, float)) or v is None for v in values)
+            if numbers and rule["bad"](*values):
                 raise RuntimeError(rule["message"](*values))
     return check

@@ -218,3 +218,18 @@ def test_mean_loss_of_an_empty_batch_backward(loss):
     assert got.isnan().item() and want.isnan().item()
     assert ta.grad is not None and ta.grad.shape == a.grad.shape == (0, 5)
     errors.raise_pending()
+
+
+@pytest.mark.parametrize("exponent", [-1, [-1, 2]], ids=["scalar", "list"])
+def test_foreach_pow_of_integers_to_negative_ints_raises(exponent):
+    """_foreach_pow's exponent is a leaf of the call: integer tensors to a negative int gave
+    zeros, where torch raises (the single-tensor pow raises too: arithmetic.py)."""
+    xs = [torch.tensor([2, 3]), torch.tensor([1, 4])]
+    with pytest.raises(RuntimeError) as want:
+        torch._foreach_pow(xs, exponent)
+    ts = [x.to("tpu") for x in xs]
+    for f in (torch._foreach_pow, torch._foreach_pow_):
+        with pytest.raises(RuntimeError, match=re.escape(str(want.value))):
+            f(ts, exponent)
+    assert [t.cpu().tolist() for t in torch._foreach_pow(ts, 2)] == [[4, 9], [1, 16]]
+    assert [t.cpu().tolist() for t in ts] == [[2, 3], [1, 4]]     # nothing written

@@ -43,6 +43,12 @@ def scalar_type_name(dtype) -> str:
     return _SCALAR_TYPE_NAMES.get(t, str(t))
 
 
+def kernel_error(kernel: str, dtype) -> NotImplementedError:
+    """torch's error for a kernel with no version for ``dtype``:
+    ``"kernel" not implemented for 'Float'``."""
+    return NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dtype)}\'')
+
+
 # Ops whose torch kernels exist for some kinds of dtype only: op -> (torch's kernel name, the
 # numpy kinds its kernels take: b bool, i/u integers). Other dtypes raise torch's error.
 KERNEL_DTYPES: dict[str, tuple[str, str]] = {
@@ -58,5 +64,4 @@ def check_kernel_dtype(op: str, dtype) -> None:
     error names itself ("bitwise_and_cuda")."""
     entry = KERNEL_DTYPES.get(op)
     if entry is not None and np.dtype(dtype).kind not in entry[1]:
-        kernel, name = entry[0], scalar_type_name(dtype)
-        raise NotImplementedError(f'"{kernel}_tpu" not implemented for \'{name}\'')
+        raise kernel_error(f"{entry[0]}_tpu", dtype)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import kernel_error
 from tpu_kernels.registry.xla.special import float_lowering
 
 _PIO4, _3PIO4 = 0.785398163397448309615660845819875721, 2.356194490192344928846982537459627163
@@ -294,7 +295,7 @@ _FUNCTIONS = {
     "special_scaled_modified_bessel_k1": lambda x: _k(x, _K1A, _K1B, _k1_small, True),
     "special_airy_ai": airy_ai,
 }
-_HALF = {jnp.dtype(jnp.bfloat16): "BFloat16", jnp.dtype(jnp.float16): "Half"}
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _register(name: str, fn) -> None:
@@ -303,7 +304,7 @@ def _register(name: str, fn) -> None:
 
     def checked(x):
         if x.dtype in _HALF:  # torch's CPU kernels have no half-precision versions
-            raise NotImplementedError(f'"{kernel}_cpu" not implemented for \'{_HALF[x.dtype]}\'')
+            raise kernel_error(f"{kernel}_cpu", x.dtype)
         return lower(x)
     xla(f"aten::{name}.default", name=name)(checked)
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from tpu_kernels.registry.context import check
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.dtypes import scalar_type_name
+from tpu_kernels.registry.dtypes import kernel_error
 
 
 @xla("aten::histc.default")
@@ -80,7 +80,7 @@ _BINCOUNT_INPUTS = "bincount only supports 1-d non-negative integral inputs."
 def _check_bincount(self, weights, minlength: int) -> None:
     """CPU's argument checks, in its order (the empty input returns before the others)."""
     if not jnp.issubdtype(self.dtype, jnp.integer):   # (bool included: CPU has no kernel)
-        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{scalar_type_name(self.dtype)}\'')
+        raise kernel_error("bincount_cpu", self.dtype)
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if self.ndim == 1 and self.size == 0:

@@ -16,7 +16,7 @@ from torch._decomp import decompositions as torch_decomps
 from tpu_kernels.pallas.reference.cross_entropy import class_indices
 from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.dtypes import scalar_type_name, to_torch_dtype
+from tpu_kernels.registry.dtypes import kernel_error, scalar_type_name, to_torch_dtype
 from tpu_kernels.registry.xla._util import float_compute, meta_like
 
 NONE, MEAN, SUM = 0, 1, 2
@@ -94,7 +94,7 @@ def _check_kernel_dtypes(self: jax.Array, target: jax.Array, weight: Optional[ja
     x = to_torch_dtype(self.dtype)
     if not x.is_floating_point:
         frame = "nll_loss2d_forward_out_frame" if self.ndim == 4 else "nll_loss_out_frame"
-        raise NotImplementedError(f'"{frame}" not implemented for \'{scalar_type_name(x)}\'')
+        raise kernel_error(frame, x)
     check_weight_dtype(x, None if weight is None else to_torch_dtype(weight.dtype))
 
 

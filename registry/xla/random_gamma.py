@@ -24,7 +24,7 @@ import numpy as np
 
 from tpu_kernels.registry.context import out_dtype, rng_key
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.dtypes import scalar_type_name
+from tpu_kernels.registry.dtypes import kernel_error
 from tpu_kernels.registry.xla._util import meta_like
 
 Array = jax.Array
@@ -39,7 +39,7 @@ meta_like("_dirichlet_grad", "x")
 def _floats_only(x: Array, kernel: str) -> None:
     """CPU torch's kernels dispatch on float32 and float64 only: the same error here."""
     if np.dtype(x.dtype) not in (np.float32, np.float64):
-        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(x.dtype)}\'')
+        raise kernel_error(kernel, x.dtype)
 
 
 def _f32(v: float) -> float:

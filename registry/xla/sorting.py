@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.dtypes import scalar_type_name
+from tpu_kernels.registry.dtypes import kernel_error
 from tpu_kernels.registry.xla import _cpu_order
 
 
@@ -209,7 +209,7 @@ def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False
     """Unique slices along ``dim``, in lexicographic order (CPU always sorts). Like CPU, the
     inverse and counts are returned whatever the flags say; rows with a NaN are all distinct."""
     if jnp.iscomplexobj(self):
-        raise NotImplementedError(f"\"unique_dim\" not implemented for '{scalar_type_name(self.dtype)}'")
+        raise kernel_error("unique_dim", self.dtype)
     dim = _wrap_unique_dim(dim, self.ndim)
     zero_dims = self.shape.count(0)
     if self.shape[dim] == 0:

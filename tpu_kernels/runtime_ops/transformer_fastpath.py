@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from tpu_kernels.registry import runtime_handler
+from tpu_kernels.registry.dtypes import scalar_type_name
 
 
 class NestedTensorsUnsupported(NotImplementedError):
@@ -88,16 +89,11 @@ def nested_tensor_from_mask_left_aligned(op, args, kwargs):
     """Whether every row of ``mask`` [N, L] is its True entries, then its False ones."""
     t, mask = (*args, *kwargs.values())[:2]
     if mask.dtype != torch.bool:
-        raise RuntimeError(f"Expected mask to be of ScalarType Bool, but got {_name(mask.dtype)} instead.")
+        raise RuntimeError(f"Expected mask to be of ScalarType Bool, but got {scalar_type_name(mask.dtype)} instead.")
     if mask.dim() != 2 or t.dim() != 3 or tuple(mask.shape) != tuple(t.shape[:2]):
         raise RuntimeError(f"Mask size should match input size (input {tuple(t.shape)}, "
                            f"mask {tuple(mask.shape)}; a 3-D input and a 2-D mask)")
     return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
-
-
-def _name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-            torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int"}.get(dtype, str(dtype))
 
 
 @runtime_handler("aten::_nested_tensor_from_mask")

@@ -118,7 +118,11 @@ def _gpt_forward(defer: bool) -> Callable[[], Any]:
 
 
 def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], defer: bool) -> Callable[[], Any]:
+    """A training step that returns its loss and the updated parameters, so a timed call
+    waits for the whole step: eager's optimizer updates are still running when its loss
+    is ready, and the next timed call (the other side's, often) would pay for them."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
 
     def step():
         with deferred() if defer else contextlib.nullcontext():
@@ -126,7 +130,7 @@ def _train(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], defer: b
             loss = loss_of()
             loss.backward()
             opt.step()
-        return loss
+        return [loss, *params]
     return step
 
 

@@ -1,4 +1,4 @@
-"""Parity of the loss lowerings (registry/xla/loss.py) with CPU torch."""
+"""Parity of the loss lowerings (registry/xla/loss.py, ctc.py) with CPU torch."""
 from __future__ import annotations
 
 import re

@@ -26,6 +26,7 @@ _device.setup()  # before anything names torch.device("tpu")
 
 from tpu_kernels import registry  # noqa: E402
 from tpu_kernels import dispatch as _dispatch  # noqa: E402,F401  (installs the dispatch hook)
+from tpu_kernels import module_moves as _module_moves  # noqa: E402,F401  (Module._apply for tpu tensors)
 from tpu_kernels import runtime_ops as _runtime_ops  # noqa: E402,F401  (registers the runtime's handlers)
 from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (flex_attention HOPs on tpu)
 from tpu_kernels import accelerator as _accelerator  # noqa: E402

@@ -89,6 +89,17 @@ def test_grid_sampler_3d():
                   x, grid, grad=mode != "nearest", msg=f"{mode} {padding_mode}")
 
 
+def test_grid_sampler_bad_grid_raises_cpus_error():
+    """torch's meta function for grid_sampler_2d is a decomposition that asserts
+    (AssertionError); CPU's kernel raises RuntimeError with its own message."""
+    x, grid = torch.randn(1, 1, 3, 3), torch.rand(1, 2, 2, 3)
+    with pytest.raises(RuntimeError) as cpu:
+        F.grid_sample(x, grid, align_corners=False)
+    with pytest.raises(RuntimeError) as tpu:
+        F.grid_sample(x.to("tpu"), grid.to("tpu"), align_corners=False)
+    assert str(tpu.value) == str(cpu.value)
+
+
 @pytest.mark.parametrize("nd", [2, 3])
 @pytest.mark.parametrize("padding_mode", ["border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])

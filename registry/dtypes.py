@@ -43,6 +43,14 @@ def scalar_type_name(dtype) -> str:
     return _SCALAR_TYPE_NAMES.get(t, str(t))
 
 
+def cast_error(result, out) -> RuntimeError:
+    """torch's error for a result that cannot be written into an output (``out=``, or
+    ``self`` of an in-place op) of another dtype: 'result type Float can't be cast to the
+    desired output type Long'."""
+    return RuntimeError(f"result type {scalar_type_name(result)} can't be cast to the desired "
+                        f"output type {scalar_type_name(out)}")
+
+
 def kernel_error(kernel: str, dtype) -> NotImplementedError:
     """torch's error for a kernel with no version for ``dtype``:
     ``"kernel" not implemented for 'Float'``."""

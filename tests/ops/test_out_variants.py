@@ -88,8 +88,24 @@ def test_out_matches_cpu(name):
 
 def test_result_that_cannot_cast_into_out_is_refused():
     x = torch.randn(2, 2, device="tpu")
-    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+    with pytest.raises(RuntimeError, match="^result type Float can't be cast to the desired output type Long$"):
         torch.add(x, x, out=torch.empty(2, 2, dtype=torch.long, device="tpu"))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, f: x.__iadd__(1.5),                  # int tensor += float
+    lambda x, f: x.mul_(2.5),
+    lambda x, f: f.add_(torch.ones(3, dtype=torch.complex64, device=f.device)),
+    lambda x, f: torch.exp(f, out=torch.empty(3, dtype=torch.long, device=f.device)),
+])
+def test_in_place_result_that_cannot_cast_has_torchs_message(call):
+    """The message names torch's dtypes ('Float', 'Long'), as CPU torch's does."""
+    def run(device):
+        x, f = torch.arange(3, device=device), torch.ones(3, device=device)
+        with pytest.raises(RuntimeError) as info:
+            call(x, f)
+        return str(info.value)
+    assert run("tpu") == run("cpu")
 
 
 def test_the_rule_and_what_it_leaves_alone():

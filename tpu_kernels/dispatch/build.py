@@ -18,7 +18,7 @@ from tpu_kernels.dispatch.meta import meta_args, meta_call, meta_result, out_met
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.dispatch.results import dense_orders
 from tpu_kernels.registry import Route
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.dtypes import cast_error, to_jax_dtype
 from tpu_kernels.registry.opnames import functional_twin
 from tpu_kernels.registry.route import call_route
 
@@ -106,8 +106,7 @@ def _check_inplace_cast(op, plan: OpPlan, args, kwargs) -> None:
         return
     first = result[0] if isinstance(result, (tuple, list)) else result
     if isinstance(first, torch.Tensor) and not torch.can_cast(first.dtype, args[0].dtype):
-        raise RuntimeError(f"{op}: result type {first.dtype} can't be cast to the desired output "
-                           f"type {args[0].dtype}")
+        raise cast_error(first.dtype, args[0].dtype)
 
 
 def _mutated_dtype(v):

@@ -27,6 +27,7 @@ import torch
 from torch._ops import OpOverload
 
 from tpu_kernels.registry import REGISTRY, register_runtime_rule
+from tpu_kernels.registry.dtypes import cast_error
 from tpu_kernels.registry.opnames import base_name, namespace, overloads
 from tpu_kernels.registry.route import composite_implicit
 
@@ -110,8 +111,7 @@ def _complex_into_real(args: tuple, out: torch.Tensor) -> bool:
 
 def _write(op: OpOverload, out: torch.Tensor, value: torch.Tensor) -> None:
     if not torch.can_cast(value.dtype, out.dtype):
-        raise RuntimeError(f"{op}: result type {value.dtype} can't be cast to the desired output "
-                           f"type {out.dtype}")
+        raise cast_error(value.dtype, out.dtype)
     if out.shape != value.shape:
         if out.numel():
             warnings.warn(

@@ -53,3 +53,37 @@ def test_complex_real_views_write_through_both_ways():
         return out
     for got, want in zip(run("tpu"), run("cpu")):
         assert torch.equal(got.cpu(), want), (got, want)
+
+
+def _error(fn, device):
+    """(type, message) of what ``fn(device)`` raises, or None."""
+    try:
+        fn(device)
+    except Exception as exc:  # noqa: BLE001 - compared with CPU's
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.arange(6.0, device=d).as_strided((3, 3), (3, 1)),        # past the end
+    lambda d: torch.arange(6.0, device=d)[2:].as_strided((2, 2), (2, 1), 3),
+    lambda d: torch.arange(8.0, device=d).view(4, 2)[1].as_strided((3,), (3,), 2),
+    lambda d: torch.view_as_complex(torch.zeros(3, 3, device=d)),            # last dim not 2
+    lambda d: torch.view_as_complex(torch.zeros(2, 3, device=d).t()),        # last stride not 1
+    lambda d: torch.view_as_complex(torch.zeros(4, device=d)[1:3]),          # odd offset
+    lambda d: torch.view_as_complex(torch.zeros(3, 2, dtype=torch.int32, device=d)),
+    lambda d: torch.view_as_real(torch.zeros(3, device=d)),                  # not complex
+])
+def test_views_torch_refuses_raise_its_error(fn):
+    """These views read outside their storage or reinterpret what cannot be: torch raises;
+    tpu returned zeros or mixed-up values before."""
+    got = _error(fn, "tpu")
+    assert got is not None and got == _error(fn, "cpu")
+
+
+def test_as_strided_inside_the_storage_is_allowed():
+    def run(d):
+        x = torch.arange(10.0, device=d)
+        return x.as_strided((4, 3), (1, 1)), x[2:].as_strided((2, 2), (1, 2), 6)
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert torch.equal(got.cpu(), want) and got.stride() == want.stride()

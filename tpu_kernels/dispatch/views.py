@@ -48,6 +48,14 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
             return _new_view(base._tpu_storage, *hit)
     if not isinstance(base, TpuTensor):
         raise device_error(op, base)
+    key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
+           base.dtype, freeze(list(args[1:])), freeze(list(kwargs.items())))
+    metas = cache.VIEWS.get(key)
+    if metas is None:   # (torch's checks: view_as_complex's last dim, as_strided's bounds)
+        metas = meta_call(op, args, kwargs)
+        if op is aten.as_strided.default:
+            _check_in_storage(base, metas)
+        metas = cache.VIEWS.put(key, metas)
     reinterpret = REINTERPRET.get(op)
     if reinterpret is not None:
         forward, inverse = reinterpret
@@ -55,11 +63,6 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         view = (tuple(base.shape), base.stride(), base.storage_offset(), base.dtype, base._tpu_direct)
         link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
         return out
-    key = (op, tuple(base.shape), base.stride(), base.storage_offset(), base._tpu_storage.numel,
-           base.dtype, freeze(list(args[1:])), freeze(list(kwargs.items())))
-    metas = cache.VIEWS.get(key)
-    if metas is None:
-        metas = cache.VIEWS.put(key, meta_call(op, args, kwargs))
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
     out = _view_like(base, metas)
@@ -70,6 +73,20 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         cache.FAST_VIEWS[fast] = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype,
                                   out._tpu_direct, fast_token(out))
     return out
+
+
+def _check_in_storage(base: TpuTensor, view: torch.Tensor) -> None:
+    """torch's bounds check of ``as_strided``: the view must lie inside its base's storage
+    (XLA would read zeros, or clamp, past its end)."""
+    size, stride, offset = tuple(view.shape), view.stride(), view.storage_offset()
+    itemsize = view.dtype.itemsize
+    span = 0 if 0 in size else offset + 1 + sum(st * (n - 1) for n, st in zip(size, stride))
+    have = base._tpu_storage.numel * base._tpu_storage.array.dtype.itemsize
+    if span * itemsize > have:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
+            f"itemsize {itemsize} requiring a storage size of {span * itemsize} are out of bounds "
+            f"for storage of size {have}")
 
 
 def _view_in_mode(op, args: tuple, kwargs: dict) -> Any:

@@ -224,15 +224,15 @@ def _fractional(nd):
         lead = self.shape[:-nd]
         samples = random_samples.reshape(lead + (nd,))
         flat = 0
-        stride = 1
-        # random_samples[..., 0] drives the last (width) dim, [..., 1] the one before, ...
-        for j, d in enumerate(reversed(range(nd))):
+        # torch's sample order: (W, H) for 2-d pooling but (T, H, W) for 3-d
+        order = (1, 0) if nd == 2 else (0, 1, 2)
+        for j, d in enumerate(order):
+            stride = math.prod(sizes[d + 1:])
             starts = _fractional_starts(samples[..., j], sizes[d], output_size[d], kernel_size[d])
             idx = starts[..., :, None] + jnp.arange(kernel_size[d])       # (*lead, out_d, k_d)
             shape = list(lead) + [1] * (2 * nd)
             shape[len(lead) + d], shape[len(lead) + nd + d] = output_size[d], kernel_size[d]
             flat = flat + idx.reshape(shape) * stride
-            stride *= sizes[d]
         flat = jnp.broadcast_to(flat, lead + tuple(output_size) + tuple(kernel_size))
         flat = flat.reshape(lead + tuple(output_size) + (-1,))
         return _window_max(self, nd, flat, jnp.ones((), bool))

@@ -95,6 +95,11 @@ def test_fractional_max_pool():
     check(lambda x, s: F.fractional_max_pool3d(x, (2, 2, 3), output_size=(3, 4, 2), return_indices=True,
                                                _random_samples=s),
           _r(1, 2, 6, 7, 6), samples3)
+    # 3-d takes its samples in (T, H, W) order, 2-d in (W, H): sizes where the order shows
+    samples3 = torch.rand(1, 3, 3, generator=torch.Generator().manual_seed(5))
+    check(lambda x, s: F.fractional_max_pool3d(x, (2, 3, 2), output_size=(4, 3, 5), return_indices=True,
+                                               _random_samples=s),
+          _r(1, 3, 7, 8, 9), samples3)
 
 
 def test_max_unpool():

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from tpu_kernels.registry.context import check
 from tpu_kernels.registry.dtypes import to_torch_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype
@@ -79,11 +80,25 @@ def _static_mask_coords(self_shape, indices, values):
     n_sliced = sum(isinstance(c, slice) for c in coords) + len(self_shape) - d
     result_ndim = n_sliced + len(bshape)
     axis = pos + len(bshape) - 1 - (result_ndim - values.ndim)
+    if len(bshape) == 1 and 0 <= axis < values.ndim and values.shape[axis] != 1:
+        _check_value_count(indices, values.shape, values.shape[axis])
     if len(bshape) == 1 and 0 <= axis < values.ndim and values.shape[axis] not in (1, padded):
         pad = [(0, 0)] * values.ndim
         pad[axis] = (0, padded - values.shape[axis])
         values = jnp.pad(values, pad)
     return tuple(coords), values
+
+
+def _check_value_count(indices, value_shape: tuple, n: int) -> None:
+    """Values given per selected element (``n`` along the selected axis) must be as many as
+    the mask's true elements (torch: a shape mismatch); else the padded write would assign
+    the wrong ones. The count is on the device: a deferred check."""
+    masks = [ix for ix in indices if _is_mask(ix)]
+    if len(masks) == 1:
+        check(jnp.count_nonzero(masks[0]) == n,
+              f"shape mismatch: value tensor of shape {list(value_shape)} cannot be broadcast to "
+              f"indexing result of shape [k, ...] where k, the number of True elements of the "
+              f"mask, is not {n}", RuntimeError)
 
 
 @xla("aten::index_put", "aten::index_put_", "aten::_unsafe_index_put")

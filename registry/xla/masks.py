@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_kernels.registry.context import out_dtype
+from tpu_kernels.registry.context import check, out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import as_dtype, compute_dtype
 from tpu_kernels.registry.xla._index import broadcast_shape, read
@@ -26,6 +26,9 @@ def masked_scatter(self, mask, source):
     """Masked positions (row-major) take consecutive elements of ``source``."""
     mask = jnp.broadcast_to(mask, self.shape)
     pos = jnp.cumsum(mask.reshape(-1)) - 1
+    # (reads past the source would fill 0: torch refuses, a deferred check)
+    check(jnp.count_nonzero(mask) <= source.size, "Number of elements of source < number of ones in mask",
+          RuntimeError)
     vals = read(source.reshape(-1).astype(self.dtype), pos).reshape(self.shape)
     return jnp.where(mask, vals, self)
 

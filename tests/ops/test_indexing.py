@@ -233,6 +233,21 @@ def test_index_put_mask():
     check(addmask, x, m, r(int(m.sum())))
 
 
+@pytest.mark.parametrize("n", [2, 5])
+def test_mask_assignment_of_another_count_of_values_raises(n):
+    """``x[mask] = v`` with v of 2 or 5 elements where the mask selects 3: CPU raises a
+    shape mismatch; tpu wrote the wrong elements (the count is on the device: the error
+    comes at the next sync)."""
+    m = torch.tensor([True, False, True, True, False])
+    with pytest.raises(RuntimeError, match="shape mismatch: value tensor of shape"):
+        torch.zeros(5)[m] = torch.arange(float(n))
+    x = torch.zeros(5, device="tpu")
+    x[m.to("tpu")] = torch.arange(float(n), device="tpu")
+    with pytest.raises(RuntimeError, match=re.escape(f"shape mismatch: value tensor of shape [{n}]")):
+        x.cpu()
+    assert torch.ones(1, device="tpu").item() == 1.0   # later ops work
+
+
 def test_index_put_grad():
     check(lambda x, i, v: torch.index_put(x, (i,), v, True), r(5, 3, grad=True), idx(5, 7),
           r(7, 3, grad=True), grad=True)
@@ -279,6 +294,17 @@ def test_masked_scatter_select():
     check(lambda x, m: torch.masked_select(x, m), x, m)
     check(lambda x, m: torch.masked_select(x, m), x, m[1])
     check(lambda g, m: aten.masked_scatter_backward(g, m, [4, 4]), x, m)
+
+
+def test_masked_scatter_with_too_few_source_elements_raises():
+    """CPU refuses a source shorter than the mask's count; tpu filled zeros."""
+    msg = "Number of elements of source < number of ones in mask"
+    m = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match=msg):
+        torch.zeros(2, 3).masked_scatter(m, torch.arange(3.0))
+    out = torch.zeros(2, 3, device="tpu").masked_scatter(m.to("tpu"), torch.arange(3.0, device="tpu"))
+    with pytest.raises(RuntimeError, match=msg):
+        out.cpu()
 
 
 def test_masked_select_bad_mask_raises_as_cpu():

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import scalar_type_name
+from tpu_kernels.registry.xla._index import broadcast_shape
 from tpu_kernels.registry.xla._reduce import acc_dtype, one_axis, reduced_axes
 
 
@@ -115,7 +117,18 @@ def count_nonzero(self, dim=None):
 # -- whole-tensor comparisons (Python bool results) ----------------------------------------------
 @xla("aten::allclose.default", data_dependent=True)
 def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    _check_isclose(self, other, rtol, atol)
     return bool(jnp.allclose(self, other, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def _check_isclose(self, other, rtol, atol) -> None:
+    """torch's isclose checks (jnp.allclose would promote an int tensor against a float one)."""
+    if self.dtype != other.dtype:
+        raise RuntimeError(f"{scalar_type_name(self.dtype)} did not match {scalar_type_name(other.dtype)}")
+    broadcast_shape(self.shape, other.shape)   # torch's message where they do not broadcast
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if tol < 0:
+            raise RuntimeError(f"{name} must be greater than or equal to zero, but got {tol:g}")
 
 
 @xla("aten::equal.default", data_dependent=True)

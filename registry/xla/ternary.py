@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import kernel_error
 from tpu_kernels.registry.xla._util import as_dtype, float_compute
 
 
@@ -52,9 +53,23 @@ def lerp_core(x, end, w, dt):
     return jnp.where(jnp.abs(w) < 0.5, x + w * d, end - d * (1 - w)).astype(dt)
 
 
-@xla("aten::lerp.Scalar", "aten::lerp.Tensor")
+@xla("aten::lerp.Scalar")
 def lerp(x, end, weight):
-    return lerp_core(x, end, weight, out_dtype())
+    return lerp_core(x, end, weight, _lerp_dtype("lerp_kernel_scalar"))
+
+
+@xla("aten::lerp.Tensor")
+def lerp_tensor(x, end, weight):
+    return lerp_core(x, end, weight, _lerp_dtype("lerp_kernel_tensor"))
+
+
+def _lerp_dtype(kernel: str):
+    """The result dtype; torch's lerp kernels exist for floating and complex types only
+    (an integer lerp truncated its weight here)."""
+    dt = out_dtype()
+    if not jnp.issubdtype(dt, jnp.inexact):
+        raise kernel_error(kernel, dt)
+    return dt
 
 
 def addcmul_core(x, t1, t2, value, dt):

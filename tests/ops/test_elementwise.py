@@ -431,6 +431,21 @@ def test_clamp_nan():
     check(lambda t: torch.clamp(t, -1, 1), special())
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("weight", [0.5, "tensor"])
+def test_lerp_of_integers_raises_as_cpu(dtype, weight):
+    """torch has no integer lerp kernel; tpu returned truncated integers."""
+    def run(device):
+        x = torch.zeros(3, dtype=dtype, device=device)
+        w = torch.ones((), dtype=dtype, device=device) if weight == "tensor" else weight
+        with pytest.raises(NotImplementedError) as info:
+            x.lerp(torch.ones(3, dtype=dtype, device=device), w)
+        with pytest.raises(NotImplementedError):
+            x.lerp_(torch.ones(3, dtype=dtype, device=device), w)
+        return str(info.value)
+    assert run("tpu") == run("cpu")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lerp_addcmul_addcdiv(dtype):
     a, b, c = rand(4, 5, dtype=dtype), rand(4, 5, dtype=dtype), rand(5, dtype=dtype, low=0.5, high=2)

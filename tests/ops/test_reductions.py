@@ -334,6 +334,26 @@ def test_allclose_equal():
     check(lambda a, b: torch.equal(a, b), x, x[:2])
 
 
+def _raised(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - compared with CPU's
+        return type(exc), str(exc)
+    return None
+
+
+@pytest.mark.parametrize("fn, a, b", [
+    (torch.allclose, torch.arange(3), torch.arange(3.0)),                    # dtypes differ
+    (lambda a, b: torch.allclose(a, b, rtol=-1), torch.ones(2), torch.ones(2)),
+    (lambda a, b: torch.allclose(a, b, atol=-0.5), torch.ones(2), torch.ones(2)),
+    (torch.allclose, torch.ones(2, 3), torch.ones(2)),                       # no broadcast
+])
+def test_allclose_refuses_as_cpu(fn, a, b):
+    """torch's isclose checks: an int tensor against a float one returned True before."""
+    want = _raised(fn, a, b)
+    assert want is not None and _raised(fn, a.to("tpu"), b.to("tpu")) == want
+
+
 def test_renorm():
     x = _rand(4, 5) * 3
     check(lambda a: torch.renorm(a, 2, 0, 1.5), x)

@@ -123,7 +123,7 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
 @xla("aten::native_group_norm")
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     acc = float_compute(input.dtype)
-    x = input.astype(acc).reshape(N, group, -1)
+    x = input.astype(acc).reshape(N, group, C // group * HxW)   # not -1: N may be 0
     mean, var = _stats(x, (2,))
     rstd = lax.rsqrt(var + eps)
     y = (_centred(x, mean) * rstd).reshape(N, C, HxW)
@@ -137,7 +137,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 @xla("aten::native_group_norm_backward")
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
     acc = float_compute(input.dtype)
-    x = input.astype(acc).reshape(N, group, -1)
+    x = input.astype(acc).reshape(N, group, C // group * HxW)   # not -1: N may be 0
     go = grad_out.astype(acc).reshape(N, C, HxW)
     mean = mean.astype(acc).reshape(N, group, 1)
     rstd = rstd.astype(acc).reshape(N, group, 1)

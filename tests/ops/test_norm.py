@@ -68,6 +68,11 @@ def test_group_norm():
     check(lambda x, w, b: F.group_norm(x, 3, w, b), xb, wb, bb, grad=True)
 
 
+def test_group_norm_empty_batch():
+    """A batch of 0 samples (the lowering's reshape to (N, groups, -1) divided by zero)."""
+    check(lambda x, w: F.group_norm(x, 2, w), _r(0, 4, 3, grad=True), _r(4, grad=True), grad=True)
+
+
 def _bn_case(training, dtype=torch.float32, shape=(4, 3, 5, 6)):
     x = _r(*shape, dtype=dtype, grad=True)
     w, b = _r(shape[1], grad=True), _r(shape[1], grad=True)

@@ -156,6 +156,19 @@ def test_rms_norm():
     check(lambda x, w: aten._fused_rms_norm(x, [6], w, 1e-6), xd, wd)
 
 
+@pytest.mark.parametrize("shapes", [((3, 8), (5,), None), ((3, 8), (8,), (5,)), ((3, 8), (2, 8), None),
+                                    ((3, 8), (3, 8, 1), None), ((3, 8), (), None)])
+def test_rms_norm_bad_shapes_raise_cpus_error(shapes):
+    """_fused_rms_norm's meta function checks no shapes: a wrong normalized_shape gave a result."""
+    x_shape, normalized_shape, w_shape = shapes
+    x, w = torch.randn(x_shape), None if w_shape is None else torch.randn(w_shape)
+    with pytest.raises((RuntimeError, ValueError)) as cpu:
+        F.rms_norm(x, normalized_shape, w)
+    with pytest.raises(cpu.type) as tpu:
+        F.rms_norm(to_tpu(x), normalized_shape, to_tpu(w))
+    assert str(tpu.value) == str(cpu.value)
+
+
 def test_weight_norm():
     v, g = _r(5, 3, 2, grad=True), _r(5, 1, 1, grad=True)
     check(lambda v, g: torch._weight_norm(v, g, 0), v, g, grad=True)

@@ -31,4 +31,22 @@ def rms_norm(op, args, kwargs):
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    _check_shapes(input, list(normalized_shape), weight)
     return _FUSED(input, normalized_shape, weight, eps)[0]
+
+
+def _check_shapes(input: torch.Tensor, shape: list, weight: torch.Tensor | None) -> None:
+    """CPU's ``rms_norm`` argument checks, with its messages: ``_fused_rms_norm``'s meta
+    function makes none of them (a wrong ``normalized_shape`` gave a result)."""
+    if not shape:
+        raise RuntimeError("Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                           f"least one element, but got normalized_shape = {shape}")
+    if weight is not None and list(weight.shape) != shape:
+        raise RuntimeError("Expected weight to be of same shape as normalized_shape, but got weight of "
+                           f"shape {list(weight.shape)} and normalized_shape = {shape}")
+    if input.dim() < len(shape):
+        raise ValueError(f"Input tensor must have at least {len(shape)} dimensions, but got {input.dim()}")
+    if list(input.shape[input.dim() - len(shape):]) != shape:
+        expected = "[*" + ", ".join(str(n) for n in shape) + "]"
+        raise RuntimeError(f"Given normalized_shape={shape}, expected input with shape {expected}, but got "
+                           f"input of size{list(input.shape)}")

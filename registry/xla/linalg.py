@@ -77,13 +77,15 @@ def _is_vector_rhs(a: jax.Array, b: jax.Array) -> bool:
 
 @xla("aten::_linalg_solve_ex.default")
 def linalg_solve_ex(A, B, *, left=True, check_errors=False):
-    a = A if left else _mT(A)
-    lu, piv, perm, info = _lu(a)
-    vec = _is_vector_rhs(A, B)
-    b = B[..., None] if vec else (B if left else _mT(B))
-    x = _lu_solve(lu, perm, b)
-    x = x[..., 0] if vec else (x if left else _mT(x))
-    return x, lu, piv, info
+    # LU is A's own factorization also for left=False: torch's backward for a tensor subclass
+    # solves with it as A's (linalg_lu_solve(LU, pivots, gX, left, adjoint=True))
+    lu, piv, perm, info = _lu(A)
+    if left:
+        vec = _is_vector_rhs(A, B)
+        x = _lu_solve(lu, perm, B[..., None] if vec else B)
+        return (x[..., 0] if vec else x), lu, piv, info
+    # X A = B  <=>  A^T X^T = B^T
+    return _mT(_lu_solve_transposed(lu, perm, _mT(B))), lu, piv, info
 
 
 @xla("aten::linalg_lu_factor_ex.default")

@@ -146,6 +146,15 @@ def test_solve_inv_det(dtype):
     check(torch.linalg.slogdet, neg)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64])
+def test_solve_right_side_grad(dtype):
+    """linalg.solve(A, B, left=False) backward: torch's backward solves with the forward's LU
+    as A's own factorization; the lowering returned A^T's (both gradients were wrong)."""
+    a = _well_conditioned(2, dtype=dtype).requires_grad_()
+    b = _rand(2, 3, 4, dtype=dtype, seed=1).requires_grad_()
+    check(lambda x, y: torch.linalg.solve(x, y, left=False), a, b, grad=True)
+
+
 def test_singular_matrix_info():
     s = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
     check(lambda x: torch.linalg.inv_ex(x).info, s)

@@ -10,6 +10,7 @@ from jax import lax
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.dtypes import scalar_type_name
 from tpu_kernels.registry.xla._util import float_compute, matmul_precision
 
 
@@ -51,8 +52,35 @@ def _bias_shape(nd: int) -> tuple[int, ...]:
     return (1, -1) + (1,) * nd
 
 
+# the C++ type names CPU's bias check prints ("Input type (float) and bias type (double)")
+_CTYPE = {"Float": "float", "Double": "double", "BFloat16": "c10::BFloat16", "Half": "c10::Half"}
+_DIM_NAMES = {2: ("height", "width"), 3: ("depth", "height", "width")}
+
+
+def _check_args(input, weight, bias, stride, dilation, transposed, output_padding) -> None:
+    """CPU's convolution checks that torch's meta function skips, with CPU's messages: the
+    weight's and bias's dtypes, and a transposed convolution's output_padding."""
+    if weight.dtype != input.dtype:
+        raise RuntimeError(f"expected scalar type {scalar_type_name(input.dtype)} but found "
+                           f"{scalar_type_name(weight.dtype)}")
+    # (CPU's transposed convolution takes a float32 input's float64 bias)
+    if bias is not None and bias.dtype != input.dtype and not transposed:
+        i, b = scalar_type_name(input.dtype), scalar_type_name(bias.dtype)
+        raise RuntimeError(f"Input type ({_CTYPE.get(i, i)}) and bias type ({_CTYPE.get(b, b)}) should be the same")
+    if not transposed or all(o < max(s, d) for o, s, d in zip(output_padding, stride, dilation)):
+        return
+    # CPU runs a 1-d convolution as a 2-d one of height 1
+    lists = [list(v) if len(v) > 1 else [default] + list(v)
+             for v, default in ((output_padding, 0), (stride, 1), (dilation, 1))]
+    names = _DIM_NAMES[len(lists[0])]
+    parts = [f"{label}_{n}: {v}" for label, vs in zip(("output_padding", "stride", "dilation"), lists)
+             for n, v in zip(names, vs)]
+    raise RuntimeError("output padding must be smaller than either stride or dilation, but got " + " ".join(parts))
+
+
 @xla("aten::convolution")
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    _check_args(input, weight, bias, stride, dilation, transposed, output_padding)
     y = conv_nd(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
         y = y + bias.astype(y.dtype).reshape(_bias_shape(y.ndim - 2))

@@ -43,6 +43,25 @@ def test_conv_transpose(nd):
     check(lambda x, w, b: fn(x, w, b, stride=2, padding=1, output_padding=1, groups=2), x, w, b, grad=True)
 
 
+@pytest.mark.parametrize("call", [
+    lambda x, w, b: F.conv2d(x, w.double()),                                  # weight dtype
+    lambda x, w, b: F.conv1d(x[..., 0], w[..., 0].bfloat16()),
+    lambda x, w, b: F.conv2d(x, w, b.double()),                               # bias dtype
+    lambda x, w, b: F.conv_transpose2d(x, w.transpose(0, 1), output_padding=1),    # >= stride
+    lambda x, w, b: F.conv_transpose1d(x[..., 0], w[..., 0].transpose(0, 1), stride=2, output_padding=(2,)),
+    lambda x, w, b: F.conv_transpose3d(x[..., None], w[..., None].transpose(0, 1), output_padding=(0, 1, 0)),
+])
+def test_conv_bad_arguments_raise_cpus_error(call):
+    """torch's meta function checks neither dtypes nor output_padding: the lowering raised
+    jax's TypeError for mixed dtypes and gave a result for output_padding >= stride."""
+    x, w, b = _r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3)
+    with pytest.raises(RuntimeError) as cpu:
+        call(x, w, b)
+    with pytest.raises(RuntimeError) as tpu:
+        call(*to_tpu((x, w, b)))
+    assert str(tpu.value) == str(cpu.value)
+
+
 def test_conv_noncontiguous_bf16_unbatched():
     x = _r(2, 3, 9, 7).transpose(2, 3)
     check(lambda x, w: F.conv2d(x, w, padding=1), x, _r(4, 3, 3, 3))

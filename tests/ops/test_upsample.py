@@ -57,6 +57,14 @@ def test_upsample_dtypes_layouts():
     check(lambda x: aten.upsample_bilinear2d(x, [6, 8], False, None, None), _r(0, 3, 4, 5))
 
 
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_upsample_nearest1d_empty_batch(mode):
+    """torch's meta function for upsample_nearest1d passes torch._check an int when the batch
+    is empty (TypeError); the op raised 'no meta kernel' instead of returning (0, C, L')."""
+    check(lambda x: F.interpolate(x, scale_factor=2, mode=mode), _r(0, 2, 4, grad=True), grad=True)
+    check(lambda x: F.interpolate(x, size=3, mode=mode), _r(0, 2, 4))
+
+
 def test_upsample_backward_ops_direct():
     g = _r(2, 3, 8, 10)
     check(lambda g: aten.upsample_bilinear2d_backward(g, [8, 10], [2, 3, 4, 5], True, None, None), g)

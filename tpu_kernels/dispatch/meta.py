@@ -59,9 +59,12 @@ def _torch_meta(op: Any, margs: tuple, mkwargs: dict, args: tuple, kwargs: dict)
     dtypes, not values, so the stand-ins' values do not matter)."""
     try:
         return op(*margs, **mkwargs)
-    except ZeroDivisionError:
+    except (ZeroDivisionError, TypeError) as exc:
         # a meta function that is a decomposition dividing by numel() (mse_loss_backward
-        # of an empty input): not an argument check; CPU's kernel gives the result's layout
+        # of an empty input), or one passing torch._check an int (upsample_nearest1d of an
+        # empty batch): not an argument check; CPU's kernel gives the result's layout
+        if isinstance(exc, TypeError) and not str(exc).startswith("cond must be a bool"):
+            raise
         cpu, out = cpu_probe(op, args, kwargs)
         if cpu is not None or out is None:
             raise

@@ -1,6 +1,6 @@
 """Linear-algebra lowerings: LU (factor, solve, unpack), solve, det, slogdet, inverse,
 Cholesky, triangular solves, QR, geqrf, Householder products, SVD, eigh, eig, pinv,
-matrix_exp, cross, lstsq, _linalg_check_errors."""
+matrix_exp, cross, _linalg_check_errors (lstsq: linalg_lstsq.py)."""
 from __future__ import annotations
 
 import jax
@@ -380,28 +380,3 @@ def linalg_error(api_name: str, code: int | None, batch: int | None) -> tuple[ty
     if code is None:
         text += " (checked on the device, raised at the next synchronisation)"
     return exc, f"{api_name}: {where}{text}"
-
-
-@xla("aten::linalg_lstsq.default", data_dependent=True)
-def linalg_lstsq(self, b, rcond=None, *, driver=None):
-    """Least squares via SVD; torch has no meta function for it, so this runs eagerly and
-    shapes its optional outputs as torch's CPU drivers do (default driver: gelsy)."""
-    driver = driver or "gelsy"
-    m, n = self.shape[-2:]
-    real = jnp.finfo(self.dtype).dtype
-    a, bb = _batch_broadcast(self, b)
-    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
-    eps = jnp.finfo(real).eps * max(m, n) if rcond is None else rcond
-    thr = eps * (jnp.max(s, axis=-1, keepdims=True) if s.shape[-1] else 0)
-    keep = s > thr
-    sinv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(self.dtype)
-    x = (_mH(vh) * sinv[..., None, :]) @ (_mH(u) @ bb)
-    rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
-    full = bool(jnp.all(rank == n))
-    if driver != "gelsy" and m > n and full:
-        resid = jnp.sum(jnp.abs(a @ x - bb) ** 2, axis=-2).astype(real)
-    else:
-        resid = _empty(real)
-    if driver == "gels":
-        return x, resid, _empty(jnp.int64), _empty(real)
-    return x, resid, rank, (s if driver in ("gelsd", "gelss") else _empty(real))

@@ -155,6 +155,32 @@ def test_solve_right_side_grad(dtype):
     check(lambda x, y: torch.linalg.solve(x, y, left=False), a, b, grad=True)
 
 
+@pytest.mark.parametrize("shapes", [((2, 5, 3), (2, 5), "gelsd"), ((5, 3), (5,), "gelss"), ((2, 5, 3), (2, 5), None)])
+def test_lstsq_batch_of_vectors(shapes):
+    """An `other` of shape input.shape[:-1] is a batch of vectors (the lowering crashed in dot_general)."""
+    a_shape, b_shape, driver = shapes
+    check(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), _rand(*a_shape), _rand(*b_shape, seed=1))
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, b: torch.linalg.lstsq(a, b[..., :2], driver="foo"),
+    lambda a, b: torch.linalg.lstsq(a[0, :, 0], b[0, :, 0]),
+    lambda a, b: torch.linalg.lstsq(a[0], b),
+    lambda a, b: torch.linalg.lstsq(a, b[..., :4, :]),
+    lambda a, b: torch.linalg.lstsq(a, b[:, :4, 0]),
+    lambda a, b: torch.linalg.lstsq(a, b.double()),
+])
+def test_lstsq_bad_arguments_raise_cpus_error(call):
+    """torch has no meta function for lstsq: the lowering made none of CPU's checks (a bad
+    driver was ignored, mismatched sizes crashed inside jax)."""
+    a, b = _rand(2, 5, 3), _rand(2, 5, 2, seed=1)
+    with pytest.raises(RuntimeError) as cpu:
+        call(a, b)
+    with pytest.raises(RuntimeError) as tpu:
+        call(*to_tpu((a, b)))
+    assert str(tpu.value) == str(cpu.value)
+
+
 def test_singular_matrix_info():
     s = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
     check(lambda x: torch.linalg.inv_ex(x).info, s)

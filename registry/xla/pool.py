@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import check, out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.xla._util import meta_like
 from tpu_kernels.registry.xla._util import float_compute
@@ -256,7 +256,12 @@ def _unpool(self, indices, output_size):
     nd = len(output_size)
     lead = self.shape[:-nd]
     b = math.prod(lead)
-    out = jnp.zeros((b, math.prod(output_size)), self.dtype)
+    size = math.prod(output_size)
+    # CPU raises for an index outside the output (XLA's scatter would drop it): checked on
+    # the device, raised at the next sync
+    check((indices >= 0) & (indices < size), "Found an invalid max index (output volumes are of size "
+          + "x".join(str(n) for n in output_size) + ")", RuntimeError)
+    out = jnp.zeros((b, size), self.dtype)
     out = out.at[jnp.arange(b)[:, None], indices.reshape(b, -1)].set(self.reshape(b, -1), mode="drop")
     return out.reshape(lead + tuple(output_size))
 

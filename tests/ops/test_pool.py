@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import check
+from helpers import check, to_tpu
 
 aten = torch.ops.aten
 
@@ -110,3 +110,16 @@ def test_max_unpool():
     x3 = _r(1, 2, 4, 4, 6)
     y3, idx3 = F.max_pool3d(x3, 2, return_indices=True)
     check(lambda y, i: F.max_unpool3d(y, i, 2), y3, idx3)
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_max_unpool_bad_index_raises_at_sync(nd):
+    """An index outside the output: CPU raises; XLA's scatter dropped it silently. On tpu
+    the check rides with the result and raises at the next sync (as CUDA's assert would)."""
+    pool, unpool = (F.max_pool2d, F.max_unpool2d) if nd == 2 else (F.max_pool3d, F.max_unpool3d)
+    y, idx = pool(_r(1, 2, *(4,) * nd), 2, return_indices=True)
+    for bad in (idx + 4 ** nd, idx - 100):
+        with pytest.raises(RuntimeError, match="Found an invalid max index"):
+            unpool(y, bad, 2)
+        with pytest.raises(RuntimeError, match="Found an invalid max index"):
+            unpool(to_tpu(y), to_tpu(bad), 2).cpu()

@@ -7,6 +7,8 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,3 +71,70 @@ def test_a_transposed_view_is_cut_from_the_storage_grid_not_its_flat_array():
     # a window that wraps around a grid row is cut from the flat array
     p = strided.plan(12, (2, 3), (4, 1), 2)      # rows of 4: elements 2-4 and 6-8
     assert p.kind == "window" and strided._box(12, p) is None
+
+
+# -- torch's memory-overlap checks of written tensors (tpu_kernels/dispatch/overlap.py) ----------
+
+
+def _expanded(d):
+    return torch.zeros(3, 1, device=d).expand(3, 4)
+
+
+def _square(d):
+    return torch.arange(9.0, device=d).reshape(3, 3)
+
+
+_OVERLAPS = [   # (make the written tensor, write): CPU's answer is the spec
+    (_expanded, lambda x: x.add_(1)),                            # refused: internal overlap
+    (_expanded, lambda x: x.copy_(torch.arange(12.0, device=x.device).reshape(3, 4))),
+    (_expanded, lambda x: x.uniform_()),
+    (_expanded, lambda x: x.index_add_(1, torch.tensor([0], device=x.device), torch.ones(3, 1, device=x.device))),
+    (_expanded, lambda x: torch.add(torch.ones(3, 4, device=x.device), 1, out=x)),
+    (_expanded, lambda x: x.fill_(1)),                           # allowed
+    (_expanded, lambda x: x.zero_()),
+    (_expanded, lambda x: x.masked_fill_(torch.ones(3, 4, dtype=torch.bool, device=x.device), 1.0)),
+    (_square, lambda x: x.add_(x.t())),                          # refused: partial overlap
+    (_square, lambda x: x.add_(x[0])),
+    (_square, lambda x: x[1:].copy_(x[:2])),
+    (_square, lambda x: x.mul_(x[0, 0])),
+    (_square, lambda x: x.__setitem__(slice(1, 3), x[0:2])),
+    (_square, lambda x: torch.cat([x[:1], x[:2]], out=x)),
+    (_square, lambda x: torch.exp(x.view(9)[:4], out=x.view(9)[2:6])),
+    (_square, lambda x: x.add_(x)),                              # allowed: full or no overlap
+    (_square, lambda x: x.copy_(x[:])),
+    (_square, lambda x: x.view(9)[3:6].add_(x[0])),
+    (_square, lambda x: torch.exp(x[0], out=x[1])),
+    (_square, lambda x: x.masked_fill_(x > 2, x[0, 1])),
+]
+
+
+@pytest.mark.parametrize("make, write", _OVERLAPS)
+def test_writes_through_overlapping_memory_raise_as_on_cpu(make, write):
+    """torch refuses a write where two elements of the written tensor share memory, or an
+    input partly overlaps it (the result would depend on the kernel's order); tpu computed
+    some answer. What torch allows still runs, with CPU's values."""
+    def run(d):
+        x = make(d)
+        try:
+            write(x)
+        except RuntimeError as exc:
+            return str(exc)
+        return x.cpu()
+    got, want = run("tpu"), run("cpu")
+    if isinstance(want, str):
+        assert got == want
+    else:
+        assert isinstance(got, torch.Tensor), got
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("make, write", [
+    (_expanded, lambda x: torch.sum(torch.ones(3, 4, 5, device=x.device), 2, out=x)),
+    (_square, lambda x: x.sub_(x.diagonal())),          # not dense: "too hard", let through
+    (_square, lambda x: x.addmm_(x.t(), torch.ones(3, 3, device=x.device))),
+])
+def test_overlapping_writes_torch_lets_through_run(make, write):
+    """Writes torch does not check (its result then depends on its kernel's order: only
+    that they run is compared)."""
+    write(make("cpu"))
+    write(make("tpu"))

@@ -13,6 +13,7 @@ from tpu_kernels import strided
 from tpu_kernels.dispatch import graph_trace
 from tpu_kernels.dispatch.cache import CompiledCall
 from tpu_kernels.dispatch.lowering import flatten
+from tpu_kernels.dispatch.overlap import check_written
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_dense
@@ -37,6 +38,8 @@ def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     it = iter(flatten(out) if eager else out)
     rets = [next(it) for _ in alias_free]
+    for i in plan.mutated:   # torch's overlap checks, before anything is written
+        check_written(plan.op, args[i] if i < len(args) else kwargs.get(plan.names[i]), args, kwargs)
     for i in plan.mutated:
         target = plan.arg(i, args, kwargs)
         if isinstance(target, (list, tuple)):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from tpu_kernels.dispatch.overlap import check_written, unchecked
 from tpu_kernels.registry import REGISTRY, register_runtime_rule
 from tpu_kernels.registry.dtypes import cast_error
 from tpu_kernels.registry.opnames import base_name, namespace, overloads
@@ -91,13 +92,16 @@ def run_out_variant(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         fkwargs["dtype"] = first.dtype
     if first is not None and "device" in takes:   # a factory makes its result where ``out`` is
         fkwargs["device"] = first.device
+    for out in outs:   # torch's overlap checks of ``op``, before anything runs
+        check_written(op, out, args, kwargs)
     result = functional(*args, **fkwargs)
-    for out, value in zip(outs, (result,) if len(outs) == 1 else result):
-        if isinstance(out, torch.Tensor):
-            _write(op, out, value)
-        else:
-            for o, v in zip(out, value, strict=True):
-                _write(op, o, v)
+    with unchecked():
+        for out, value in zip(outs, (result,) if len(outs) == 1 else result):
+            if isinstance(out, torch.Tensor):
+                _write(op, out, value)
+            else:
+                for o, v in zip(out, value, strict=True):
+                    _write(op, o, v)
     if not op._schema.returns:   # (a list ``out``'s overload returns nothing)
         return None
     return outs[0] if len(outs) == 1 else tuple(outs)

@@ -87,3 +87,18 @@ def test_as_strided_inside_the_storage_is_allowed():
         return x.as_strided((4, 3), (1, 1)), x[2:].as_strided((2, 2), (1, 2), 6)
     for got, want in zip(run("tpu"), run("cpu")):
         assert torch.equal(got.cpu(), want) and got.stride() == want.stride()
+
+
+def test_view_as_bool_and_back():
+    """view(torch.bool) of bytes and view(torch.uint8) of bools (XLA bit-casts no bools:
+    the read raised a TypeError from lax), both ways, writes through too."""
+    def run(d):
+        x = torch.tensor([0, 1, 2], dtype=torch.uint8, device=d)
+        b = x.view(torch.bool)
+        y = torch.tensor([True, False], device=d)
+        y.view(torch.uint8)[1] = 1
+        z = torch.zeros(2, dtype=torch.int8, device=d)
+        z.view(torch.bool)[0] = True
+        return b.to(torch.uint8), b.sum(), b.view(torch.int8), y, z
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert torch.equal(got.cpu(), want), (got, want)

@@ -219,7 +219,17 @@ def _caster(dtype):
 
 @functools.lru_cache(maxsize=64)
 def _bitcaster(dtype):
-    return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, dtype))
+    return jax.jit(functools.partial(_bitcast, dtype=np.dtype(dtype)))
+
+
+def _bitcast(a: jax.Array, dtype: np.dtype) -> jax.Array:
+    """``a``'s bits read as ``dtype`` (same item size). XLA bit-casts no bools: a byte read
+    as bool is true where nonzero, a bool read as a byte is 0 or 1."""
+    if dtype == np.bool_:
+        return a != 0
+    if a.dtype == np.bool_:
+        return a.astype(dtype)
+    return jax.lax.bitcast_convert_type(a, dtype)
 
 
 def _clear_program_caches() -> None:

@@ -114,6 +114,26 @@ def test_item_tolist_print():
     assert str(torch.tensor(3).to("tpu")) == "tensor(3, device='tpu:0')"
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.nn.Linear(2, 2).weight,
+    lambda: torch.nn.Parameter(torch.arange(3.0), requires_grad=False),
+    lambda: torch.tensor([1.5, -2.0]).to(torch.bfloat16),
+    lambda: torch.tensor([1 + 2j, -0.5j]),
+    lambda: torch.zeros(2, 0, dtype=torch.long),
+    lambda: torch.tensor(True),
+])
+def test_repr_differs_from_cpu_only_by_the_device(make):
+    """A tpu parameter printed without torch's 'Parameter containing:' line before."""
+    torch.manual_seed(0)
+    x = make()
+    t = x.to("tpu") if not isinstance(x, torch.nn.Parameter) else torch.nn.Parameter(
+        x.detach().to("tpu"), requires_grad=x.requires_grad)
+    want = repr(x)
+    got = repr(t).replace(", device='tpu:0'", "").replace("device='tpu:0', ", "")
+    assert got == want and str(t) == repr(t)
+    assert "Parameter" not in repr(torch.nn.Parameter(torch.ones(2, device="tpu")) * 1)
+
+
 def test_tensor_from_a_list_of_tpu_scalars():
     # torch.tensor reads each element below the Python key (the device's kernel of
     # _local_scalar_dense): it raised 'Could not run aten::_local_scalar_dense'

@@ -193,7 +193,10 @@ class TpuTensor(torch.Tensor):
             return f"TpuTensor(traced, shape={tuple(self.shape)}, dtype={self.dtype})"
         errors.raise_pending()
         with torch._C.DisableTorchFunctionSubclass():
-            return printing.tensor_repr(self, to_torch(read(self), self.dtype))
+            text = printing.tensor_repr(self, to_torch(read(self), self.dtype))
+        # a tpu parameter is a TpuTensor marked ``_is_param`` (torch's rule for subclasses):
+        # printed as torch.nn.Parameter prints itself
+        return "Parameter containing:\n" + text if getattr(self, "_is_param", False) else text
 
     __str__ = __repr__
 

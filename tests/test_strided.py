@@ -90,6 +90,7 @@ _OVERLAPS = [   # (make the written tensor, write): CPU's answer is the spec
     (_expanded, lambda x: x.uniform_()),
     (_expanded, lambda x: x.index_add_(1, torch.tensor([0], device=x.device), torch.ones(3, 1, device=x.device))),
     (_expanded, lambda x: torch.add(torch.ones(3, 4, device=x.device), 1, out=x)),
+    (lambda d: torch.zeros(3, 1, 0, device=d).expand(3, 2, 0), lambda x: x.add_(1)),   # empty
     (_expanded, lambda x: x.fill_(1)),                           # allowed
     (_expanded, lambda x: x.zero_()),
     (_expanded, lambda x: x.masked_fill_(torch.ones(3, 4, dtype=torch.bool, device=x.device), 1.0)),

@@ -88,7 +88,9 @@ def check_written(op: OpOverload, target: Any, args: tuple, kwargs: dict) -> Non
 
 
 def _internal_overlap(t: torch.Tensor) -> bool:
-    return any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride()))
+    """ATen's has_internal_overlap == Yes: a dim of stride 0 repeats elements (an empty
+    tensor repeats none)."""
+    return any(n > 1 and s == 0 for n, s in zip(t.shape, t.stride())) and t.numel() > 0
 
 
 def _dense(t: torch.Tensor) -> bool:

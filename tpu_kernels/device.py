@@ -141,16 +141,71 @@ def _backward_on_the_calling_thread() -> None:
     run_backward = torch.autograd.graph._engine_run_backward
 
     @functools.wraps(run_backward)
-    def wrapper(*args, **kwargs):
+    def wrapper(outputs, *args, **kwargs):
+        if args:
+            args = (_root_gradients(outputs, args[0]), *args[1:])
         if BACKWARD_STARTS:
             _backward_starts()
         if not torch._C._is_multithreading_enabled():
-            return run_backward(*args, **kwargs)
+            return run_backward(outputs, *args, **kwargs)
         with torch.autograd.set_multithreading_enabled(False):
-            return run_backward(*args, **kwargs)
+            return run_backward(outputs, *args, **kwargs)
 
     torch.autograd.graph._engine_run_backward = wrapper
     torch.autograd._engine_run_backward = wrapper
+
+
+# The engine checks each gradient's device as it enters a node (validate_outputs), except
+# where the node's input is a tensor subclass, as every tpu tensor is: a CPU gradient for a
+# tpu tensor went on (``y.backward(torch.ones(3))`` left ``x.grad`` on the CPU, as did a
+# custom Function's backward returning ``g.cpu()``). These two checks are CUDA's, in its
+# words: a backward's starting gradients, and a Python Function's results; a 0-dim
+# gradient moves to the device, as there. Only plain tensors are looked at (a tpu
+# gradient is a subclass), so tpu gradients cost one type check each.
+def _root_gradients(outputs: Any, grads: Any) -> Any:
+    fixed = None
+    for i, (o, g) in enumerate(zip(outputs, grads)):
+        if type(g) is torch.Tensor and isinstance(o, torch.Tensor) and o.device.type == "tpu" and g.device != o.device:
+            if g.dim() != 0:
+                raise RuntimeError(f"invalid gradient at index {i} - expected device {o.device} but got {g.device}")
+            fixed = list(grads) if fixed is None else fixed
+            fixed[i] = g.to(o.device)
+    return grads if fixed is None else tuple(fixed)
+
+
+def _function_gradients(node: Any, out: Any) -> Any:
+    grads = out if isinstance(out, tuple) else (out,)
+    if not any(type(g) is torch.Tensor for g in grads):
+        return out
+    # one result per forward input, one edge per tensor input (the index CUDA's message
+    # gives): the inputs that need a gradient are, in order, the tensor inputs with an edge
+    edges = iter([(j, e) for j, e in enumerate(node.next_functions) if e[0] is not None])
+    fixed = None
+    for i, need in enumerate(node.needs_input_grad):
+        edge = next(edges, None) if need else None
+        g = grads[i] if i < len(grads) else None
+        if edge is None or type(g) is not torch.Tensor:
+            continue
+        j, (fn, nr) = edge
+        want = fn._input_metadata[nr].device
+        if want.type == "tpu" and g.device != want:
+            if g.dim() != 0:
+                raise RuntimeError(f"Function {node.name()} returned an invalid gradient at index {j} - "
+                                   f"expected device {want} but got {g.device}")
+            fixed = list(grads) if fixed is None else fixed
+            fixed[i] = g.to(want)
+    if fixed is None:
+        return out
+    return tuple(fixed) if isinstance(out, tuple) else fixed[0]
+
+
+def _check_function_gradients() -> None:
+    cls = torch.autograd.function.BackwardCFunction
+    for name in ("apply", "apply_boxed"):
+        def checked(self, *args, _apply=getattr(cls, name)):
+            return _function_gradients(self, _apply(self, *args))
+        checked.__doc__ = getattr(cls, name).__doc__
+        setattr(cls, name, checked)
 
 
 @untraced
@@ -184,4 +239,5 @@ def setup() -> None:
     _setup_privateuseone_for_python_backend("tpu", backend_module=_backend_module(), device_guard=_DeviceGuard())
     _keep_ties_when_moving_modules()
     _backward_on_the_calling_thread()
+    _check_function_gradients()
     random_state.install_generator()

@@ -201,6 +201,8 @@ def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -
         ctx.outputs = output if isinstance(output, (list, tuple)) else (output,)
 
     def autograd_bwd(ctx, *grads):
+        if reference is not None and torch.is_grad_enabled():
+            return _reference_grads(reference, ctx.inputs, grads[:n_out], len(arg_names), tensor_pos)
         grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:n_out], ctx.outputs)]
         outs = bop(grads, *ctx.inputs)
         result = [None] * len(arg_names)
@@ -210,6 +212,27 @@ def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -
         return tuple(result)
 
     torch.library.register_autograd(f"{ns}::{opname}", autograd_bwd, setup_context=setup_context)
+
+
+def _reference_grads(reference: Callable, inputs: tuple, grads: tuple, n_args: int,
+                     tensor_pos: list[int]) -> tuple:
+    """The gradients as the torch ``reference`` gives them, with a graph of their own: a
+    backward with ``create_graph=True`` (a gradient penalty, ``autograd.functional.hessian``)
+    differentiates them again. The op's backward op has no autograd of its own, so its
+    gradients would be constants there, and every second derivative silently zero."""
+    wanted = [i for i in tensor_pos if i < len(inputs) and isinstance(inputs[i], torch.Tensor)
+              and inputs[i].requires_grad]
+    result: list = [None] * n_args
+    out = reference(*inputs)
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+    if not wanted or not pairs:
+        return tuple(result)
+    got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [g for _, g in pairs],
+                              create_graph=True, allow_unused=True)
+    for i, g in zip(wanted, got):
+        result[i] = g
+    return tuple(result)
 
 
 def _present(args: tuple, tensor_pos: list[int]) -> list[int]:

@@ -14,10 +14,14 @@ import torch.nn.functional as F
 from tpu_kernels import spmd_moe
 from tpu_kernels.registry.custom_ops.define import declare_op
 
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
 
 def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-    return F.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)
+    # torch's decomposition, not F.cross_entropy: on tpu tensors that call is caught whole
+    # and comes back to this op (the reference differentiates its double backward)
+    return torch.ops.aten.cross_entropy_loss.default.decompose(
+        logits, target, weight, _REDUCTIONS[reduction], ignore_index, label_smoothing)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,

@@ -7,11 +7,12 @@ hidden running-stats update (``batch_norm``), convolution results' memory format
 ``nn.MultiheadAttention``/``nn.TransformerEncoderLayer``'s fused inference ops
 (``transformer_fastpath``), every ``out=`` overload through its functional op (``out_variants``),
 ``torch.cond``, ``scan`` and ``map`` on tpu tensors (``control_flow``), effectful ops'
-tokens in compiled graphs (``effects``), ``torch.linalg``'s error checks (``linalg_checks``).
+tokens in compiled graphs (``effects``), ``torch.linalg``'s error checks (``linalg_checks``), ``make_fx`` of functions closing over
+real tpu tensors (``make_fx_real``: ``torch.func.linearize``).
 Importing the package registers them all.
 """
 from tpu_kernels.runtime_ops import (batch_norm, checkpoint_rng, control_flow, conv_layout, copies, ctc_loss, effects, empty,
-                                     fused_composites, linalg_checks, metadata_ops, out_variants, rms_norm, transformer_fastpath)
+                                     fused_composites, linalg_checks, make_fx_real, metadata_ops, out_variants, rms_norm, transformer_fastpath)
 
-__all__ = ["batch_norm", "checkpoint_rng", "control_flow", "conv_layout", "copies", "ctc_loss", "effects", "empty", "fused_composites", "linalg_checks", "metadata_ops",
+__all__ = ["batch_norm", "checkpoint_rng", "control_flow", "conv_layout", "copies", "ctc_loss", "effects", "empty", "fused_composites", "linalg_checks", "make_fx_real", "metadata_ops",
            "out_variants", "rms_norm", "transformer_fastpath"]

@@ -6,7 +6,7 @@ import jax
 import torch
 
 from tpu_kernels import devices, errors
-from tpu_kernels.dispatch import graph_trace, run_call
+from tpu_kernels.dispatch import graph_trace, meta_args, run_call
 from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.dtypes import to_jax_dtype
@@ -30,6 +30,11 @@ def to_copy(op, args, kwargs):
     program gives torch the graph's CPU outputs on the CPU once it has run."""
     x = args[0]
     device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "meta":
+        # no data moves: torch's meta kernel on a stand-in of x's geometry (forward AD's
+        # zero tangents ask it, `mul(dual, 3)`; so does `copy.deepcopy(model).to("meta")`)
+        margs, mkwargs = meta_args(args, kwargs)
+        return op(*margs, **mkwargs)
     to_cpu = device is not None and torch.device(device).type == "cpu"
     if to_cpu and graph_trace.active() is None:
         errors.raise_pending()

@@ -19,6 +19,7 @@ order and words: torch's meta functions skip its kernels' dtype checks.
 from __future__ import annotations
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.xla.loss import check_label_smoothing, check_nll_args, check_weight_dtype
@@ -40,12 +41,21 @@ def _check_class_targets(input: torch.Tensor, target: torch.Tensor, weight: torc
     check_weight_dtype(input.dtype, None if weight is None else weight.dtype)
 
 
+def _transformed(*tensors: torch.Tensor | None) -> bool:
+    """Under a torch.func transform (per-sample gradients: ``vmap(grad(loss))``) or with
+    forward-AD dual inputs, which the fused op's autograd (torch.library's) cannot run: it
+    has no setup_context for torch.func and no forward derivative (the tangent was lost)."""
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+
+
 def _cross_entropy_loss(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
                         reduction: int = 1, ignore_index: int = -100,
                         label_smoothing: float = 0.0) -> torch.Tensor:
     # equal shapes are probability targets; integer logits fail in log_softmax, as on CPU
     indices = input.shape != target.shape and input.is_floating_point()
-    if indices and input.dim() == 2 and target.dim() >= 1:
+    if indices and input.dim() == 2 and target.dim() >= 1 and not _transformed(input, weight):
         _check_class_targets(input, target, weight, label_smoothing)
         return torch.ops.tpu_kernels.cross_entropy(input, target, weight, ignore_index,
                                                    _REDUCTIONS[reduction], label_smoothing)

@@ -243,3 +243,40 @@ def test_file_cache_prunes_least_recently_used(tmp_path):
     cache.put("again", b"z" * 5000)   # pruned once an hour, not at every write
     assert (tmp_path / "k6-cache").exists()
     assert cache.get("missing") is None
+
+
+LIKE_ON_ANOTHER_DEVICE = {
+    "zeros_like cpu": lambda x: torch.zeros_like(x, device="cpu"),
+    "ones_like cpu int": lambda x: torch.ones_like(x, device="cpu", dtype=torch.int64),
+    "full_like cpu": lambda x: torch.full_like(x, 3.0, device="cpu"),
+    "empty_like meta": lambda x: torch.empty_like(x, device="meta"),
+    "zeros_like cpu contiguous": lambda x: torch.zeros_like(x, device="cpu", memory_format=torch.contiguous_format),
+    "new_zeros cpu": lambda x: x.new_zeros(2, 5, device="cpu"),
+    "new_full cpu": lambda x: x.new_full((2,), 1.5, device="cpu"),
+    "new_ones meta": lambda x: x.new_ones(4, device="meta"),
+}
+
+
+@pytest.mark.parametrize("name", LIKE_ON_ANOTHER_DEVICE)
+def test_like_and_new_ops_honour_another_device(name):
+    """``torch.zeros_like(t, device="cpu")`` and ``t.new_zeros(..., device="cpu")`` of a tpu
+    ``t`` make a CPU tensor as on CUDA (CPU-offload code does this); they made a tpu one."""
+    f = LIKE_ON_ANOTHER_DEVICE[name]
+    cpu_x = torch.randn(2, 3).t()                       # a transposed layout: strides kept
+    got, want = f(cpu_x.to("tpu")), f(cpu_x)
+    assert type(got) is torch.Tensor and got.device == want.device
+    assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+    if want.device.type == "cpu":
+        torch.testing.assert_close(got, want)
+    assert torch.zeros_like(cpu_x.to("tpu")).device.type == "tpu"   # the same signature without it
+
+
+def test_random_like_on_the_cpu_draws_from_the_cpu_generator():
+    x = torch.randn(3, 4, device="tpu")
+    torch.manual_seed(5)
+    got = (torch.rand_like(x, device="cpu"), torch.randint_like(x, 7, device="cpu"))
+    torch.manual_seed(5)
+    want = (torch.rand_like(x.cpu()), torch.randint_like(x.cpu(), 7))
+    for g, w in zip(got, want):
+        assert g.device.type == "cpu"
+        torch.testing.assert_close(g, w)

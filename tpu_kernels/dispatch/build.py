@@ -11,7 +11,7 @@ import torch
 from tpu_kernels import strided
 from tpu_kernels.dispatch import call_cache, call_key
 from tpu_kernels.dispatch.cache import CompiledCall
-from tpu_kernels.dispatch.fallback import decomposition_runner, run_on_cpu
+from tpu_kernels.dispatch.fallback import decomposition_runner, elsewhere, run_elsewhere, run_on_cpu
 from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
 from tpu_kernels.dispatch.memory import guard_memory
 from tpu_kernels.dispatch.meta import meta_args, meta_call, meta_result, out_metas
@@ -36,6 +36,8 @@ def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> Compiled
     if r.kind in ("decomp", "cpu"):
         torch_fn = decomposition_runner(r.impl.fn) if r.kind == "decomp" else run_on_cpu
         return CompiledCall(r.impl, None, plan, None, [], torch_fn=torch_fn)
+    if elsewhere(kwargs):   # the device keyword is part of the signature: decided once
+        return CompiledCall(r.impl, None, plan, None, [], torch_fn=run_elsewhere)
     impl = r.impl
     if impl.data_dependent:
         return CompiledCall(impl, eager_fn(impl, targs, tkw, reads), plan, None, [])

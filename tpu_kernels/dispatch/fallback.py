@@ -1,5 +1,6 @@
 """Calls that run in torch land rather than as one jitted impl: a decomposition (its ops
-dispatch again), the CPU fallback (copies there and back), and an error inside
+dispatch again), the CPU fallback (copies there and back), a factory-like call whose
+result lives on another device (``zeros_like(t, device="cpu")``), and an error inside
 torch's autograd engine, during backward (recorded, zeros returned; see errors.py)."""
 from __future__ import annotations
 
@@ -77,6 +78,26 @@ def run_on_cpu(op: OpOverload, args, kwargs) -> Any:
     if plan.mutated and all(a is not None for a in plan.alias_returns):
         return returns(plan, args, kwargs, None, [])
     return _to_tpu_tree(out)
+
+
+def elsewhere(kwargs: dict) -> bool:
+    """The call asks for its result on another device than a tpu (``zeros_like(t,
+    device="cpu")``, ``t.new_empty(2, device="meta")``)."""
+    d = kwargs.get("device")
+    return d is not None and torch.device(d).type != "tpu"
+
+
+def run_elsewhere(op: OpOverload, args, kwargs) -> Any:
+    """A ``*_like`` / ``new_*`` call whose result lives on another device: torch's own
+    kernel there, on stand-ins of the tpu arguments with their sizes, strides and dtypes
+    (these ops read their input's metadata, never its values)."""
+    device = torch.device(kwargs["device"])
+
+    def standin(v: Any) -> Any:
+        if isinstance(v, TpuTensor):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+        return v
+    return op(*[standin(a) for a in args], **kwargs)
 
 
 def defer_error(op: OpOverload, args, kwargs, exc: Exception) -> Any:

@@ -69,3 +69,19 @@ def test_hash_tensor(dtype):
     check(lambda a: aten.hash_tensor(a, [1]), x)
     check(lambda a: aten.hash_tensor(a, [0], keepdim=True), x.t())
     check(lambda a: aten.hash_tensor(a, [1]), torch.zeros(0, 2, dtype=dtype))   # zero-size result
+
+
+@pytest.mark.parametrize("labels, message", [([0, 5, 1], "smaller than num_classes"), ([0, -1, 2], "non-negative")])
+def test_one_hot_out_of_range_raises(labels, message):
+    """F.one_hot in plain eager (grad mode on) with a class outside [0, num_classes): CPU
+    raises, tpu gave a row of zeros (torch's non-CPU decomposition checks nothing); now
+    the lowering's device-side check raises CPU's message at the next sync, as in
+    inference mode."""
+    import torch.nn.functional as F
+    with pytest.raises(RuntimeError, match=message):
+        F.one_hot(torch.tensor(labels), 3)
+    with pytest.raises(RuntimeError, match=message):
+        F.one_hot(torch.tensor(labels, device="tpu"), 3).cpu()
+    ok = torch.tensor([[0, 2], [1, 0]])
+    assert torch.equal(F.one_hot(ok.to("tpu"), 3).cpu(), F.one_hot(ok, 3))
+    assert torch.equal(F.one_hot(ok.to("tpu")).cpu(), F.one_hot(ok))      # num_classes=-1

@@ -15,13 +15,20 @@ runs as the Pallas flash kernel or the fused XLA lowering. Dropout takes the mat
 not cover (probability targets, spatial [N, C, d...] inputs, integer logits) takes torch's
 own decomposition, unchanged. The fused call first makes CPU's argument checks, in CPU's
 order and words: torch's meta functions skip its kernels' dtype checks.
+
+``F.one_hot`` is CompositeImplicitAutograd too, and for a device other than the CPU its
+decomposition (``arange == x``) checks no class value: a label past ``num_classes`` or
+below 0 gave a row of zeros, silently (CUDA fails a device-side assert). Caught whole, it
+runs the registry's lowering, whose device-side checks raise CPU's errors at the next sync.
 """
 from __future__ import annotations
 
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from tpu_kernels.dispatch import run_call
 from tpu_kernels.registry import runtime_handler
+from tpu_kernels.tensor import TpuTensor
 from tpu_kernels.registry.xla.loss import check_label_smoothing, check_nll_args, check_weight_dtype
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -95,3 +102,14 @@ def cross_entropy_loss(op, args, kwargs):
 @runtime_handler("aten::scaled_dot_product_attention", catch_at="AutogradPrivateUse1")
 def scaled_dot_product_attention(op, args, kwargs):
     return _sdpa(*args, **kwargs)
+
+
+@runtime_handler("aten::one_hot", catch_at="AutogradPrivateUse1")
+def one_hot(op, args, kwargs):
+    x = args[0]
+    n = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    # num_classes=-1 reads the largest value (torch's decomposition does); a traced or
+    # fake tensor (torch.compile) takes the decomposition as before
+    if n < 0 or type(x) is not TpuTensor or torch.compiler.is_compiling():
+        return aten.one_hot.default.decompose(*args, **kwargs)
+    return run_call(op, args, kwargs)

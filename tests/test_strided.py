@@ -139,3 +139,20 @@ def test_overlapping_writes_torch_lets_through_run(make, write):
     that they run is compared)."""
     write(make("cpu"))
     write(make("tpu"))
+
+
+@pytest.mark.parametrize("view", ["t", "contiguous", "step", "channels_last", "expand", "t_unsqueeze"])
+@pytest.mark.parametrize("kwargs", [{}, {"dtype": torch.float64}, {"memory_format": torch.contiguous_format}])
+def test_cpu_copy_keeps_a_dense_layout(view, kwargs):
+    """``x.t().cpu()`` keeps the transposed strides as a copy from CUDA does (torch's
+    ``_to_copy`` under preserve_format: a dense tensor's strides, else contiguous); it
+    came back contiguous."""
+    views = {"t": lambda t: t.t(), "contiguous": lambda t: t, "step": lambda t: t[:, ::2],
+             "channels_last": lambda t: t.reshape(1, 2, 3, 1).contiguous(memory_format=torch.channels_last),
+             "expand": lambda t: t.expand(2, 2, 3), "t_unsqueeze": lambda t: t.t().unsqueeze(1)}
+    x = torch.randn(2, 3)
+    src = views[view](x)
+    got = views[view](x.to("tpu")).to("cpu", **kwargs)
+    want = torch.empty_like(src, dtype=kwargs.get("dtype"), memory_format=kwargs.get("memory_format", torch.preserve_format))
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, src.to(got.dtype))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from tpu_kernels import devices, errors
+from tpu_kernels import devices, errors, strided
 from tpu_kernels.dispatch import graph_trace, meta_args, run_call
 from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
@@ -38,7 +38,7 @@ def to_copy(op, args, kwargs):
     to_cpu = device is not None and torch.device(device).type == "cpu"
     if to_cpu and graph_trace.active() is None:
         errors.raise_pending()
-        out = to_torch(read(x), x.dtype)
+        out = _host_layout(to_torch(read(x), x.dtype), x, kwargs.get("memory_format"))
         dtype = kwargs.get("dtype")
         return out.to(dtype) if dtype is not None and dtype != out.dtype else out
     kwargs = {k: v for k, v in kwargs.items() if k != "device"}
@@ -47,6 +47,17 @@ def to_copy(op, args, kwargs):
         i = devices.index(device)
         out = TpuTensor(Storage(jax.device_put(read(out), devices.jax_device(i)), i), out.shape, None, 0, out.dtype)
     return out
+
+
+def _host_layout(out: torch.Tensor, x: torch.Tensor, fmt: torch.memory_format | None) -> torch.Tensor:
+    """The host copy ``out`` (contiguous) laid out as torch lays out ``_to_copy``'s result:
+    a dense tensor keeps its strides under ``preserve_format`` (``x.t().cpu()``, a
+    channels_last activation's ``.cpu()``, as from CUDA), another format is taken as asked."""
+    if fmt is not None and fmt is not torch.preserve_format:
+        return out.contiguous(memory_format=fmt)
+    if x.is_contiguous() or strided.memory_order(tuple(x.shape), x.stride()) is None:
+        return out
+    return torch.empty_strided(x.shape, x.stride(), dtype=out.dtype).copy_(out)
 
 
 @runtime_handler("aten::clone")

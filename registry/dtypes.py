@@ -11,8 +11,13 @@ _T2J = {
     torch.int32: jnp.int32, torch.int64: jnp.int64, torch.uint8: jnp.uint8,
     torch.uint16: jnp.uint16, torch.uint32: jnp.uint32, torch.uint64: jnp.uint64,
     torch.bool: jnp.bool_, torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.float8_e5m2: jnp.float8_e5m2,
+    torch.float8_e4m3fnuz: jnp.float8_e4m3fnuz, torch.float8_e5m2fnuz: jnp.float8_e5m2fnuz,
+    torch.float8_e8m0fnu: jnp.float8_e8m0fnu,
 }
 _J2T = {np.dtype(v): k for k, v in _T2J.items()}
+# torch dtypes numpy has no type for: they cross the host boundary as their bits
+BITS = {torch.bfloat16: torch.int16, **{t: torch.uint8 for t in _T2J if t.is_floating_point and t.itemsize == 1}}
 
 
 def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
@@ -35,6 +40,9 @@ _SCALAR_TYPE_NAMES = {
     torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble", torch.bool: "Bool",
     torch.int8: "Char", torch.int16: "Short", torch.int32: "Int", torch.int64: "Long", torch.uint8: "Byte",
     torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
+    torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2",
+    torch.float8_e4m3fnuz: "Float8_e4m3fnuz", torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
+    torch.float8_e8m0fnu: "Float8_e8m0fnu",
 }
 
 def scalar_type_name(dtype) -> str:

@@ -23,7 +23,7 @@ import torch
 
 from tpu_kernels import devices, memory, strided
 from tpu_kernels.lazy import apply, concrete
-from tpu_kernels.registry.dtypes import to_jax_dtype
+from tpu_kernels.registry.dtypes import BITS, to_jax_dtype, to_torch_dtype
 
 
 class Storage:
@@ -282,7 +282,8 @@ def to_jax(t: torch.Tensor, index: int | None = None) -> jax.Array:
         t = t.resolve_neg()
     # a private copy: .numpy() would pin the caller's storage (torch then refuses resize_)
     t = t.clone(memory_format=torch.contiguous_format)
-    host = t.view(torch.int16).numpy().view(jnp.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+    bits = BITS.get(t.dtype)
+    host = t.view(bits).numpy().view(to_jax_dtype(t.dtype)) if bits is not None else t.numpy()
     i = devices.current_device() if index is None else index
     # tpu:0 arrays stay uncommitted (JAX's default device), as they always were
     return jax.device_put(host) if i == 0 else jax.device_put(host, devices.jax_device(i))
@@ -291,10 +292,9 @@ def to_jax(t: torch.Tensor, index: int | None = None) -> jax.Array:
 def to_torch(a: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Copy a jax array into a new CPU torch tensor."""
     host = np.array(concrete(a), copy=True)
-    if host.dtype == jnp.bfloat16:
-        out = torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(host)
+    kind = to_torch_dtype(host.dtype)
+    bits = BITS.get(kind)
+    out = torch.from_numpy(host) if bits is None else torch.from_numpy(host.view(to_jax_dtype(bits))).view(kind)
     if dtype is not None and out.dtype != dtype:
         out = out.view(dtype) if out.element_size() == torch.empty((), dtype=dtype).element_size() else out.to(dtype)
     return out

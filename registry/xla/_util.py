@@ -62,6 +62,20 @@ def as_dtype(x: Any, dtype) -> jax.Array:
     return y
 
 
+# torch's casts to float8_e4m3fn saturate: a value past the largest finite one (448),
+# infinity included, becomes +-448; XLA's cast gives NaN (the type has no infinity)
+_SATURATED = {np.dtype(jnp.float8_e4m3fn): 448.0}
+
+
+def cast(x: jax.Array, dtype: Any) -> jax.Array:
+    """``x.astype(dtype)`` with torch's rounding at the edges (see ``_SATURATED``)."""
+    dtype = np.dtype(dtype)
+    bound = _SATURATED.get(dtype)
+    if bound is not None and x.dtype != dtype and jnp.issubdtype(x.dtype, jnp.floating):
+        x = jnp.where(jnp.isnan(x), x, jnp.clip(x, -bound, bound))
+    return x.astype(dtype)
+
+
 def compute_dtype(*xs: Any) -> np.dtype:
     """The dtype torch computes a binary op in: the promoted type of its operands."""
     return result_type(*xs)

@@ -6,6 +6,7 @@ import numpy as np
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.xla._util import cast
 
 @xla("aten::empty.memory_format", "aten::empty_strided", "aten::zeros", "aten::empty_like",
      "aten::zeros_like", "aten::new_zeros", "aten::new_empty", "aten::new_empty_strided",
@@ -82,12 +83,12 @@ def zero_(self):
 # argument (a SymFloat) as a float64 scalar converted to the compute dtype
 @xla("aten::clone", "aten::_to_copy", "aten::alias_copy", "aten::lift_fresh_copy", "prims::convert_element_type")
 def clone(self, *args, **kwargs):
-    return self.astype(out_dtype())
+    return cast(self, out_dtype())
 
 
 @xla("aten::copy_", "aten::copy")
 def copy(self, src, non_blocking=False):
-    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+    return jnp.broadcast_to(cast(src, self.dtype), self.shape)
 
 
 @xla("aten::eye", "aten::eye.m")

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
+from tpu_kernels.registry.context import out_dtype as _result_dtype   # (``_scaled_mm`` has an argument so named)
 from tpu_kernels.registry.decorator import xla
-from tpu_kernels.registry.xla._util import float_compute, matmul_precision
+from tpu_kernels.registry.xla._util import cast, float_compute, matmul_precision
 
 
 def _acc_dtype(dtype):
@@ -110,6 +111,23 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     acc = float_compute(out_dtype())
     prod = a.astype(acc) * b.astype(acc) * c.astype(acc)
     return jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
+
+
+@xla("aten::_scaled_mm.default")
+def scaled_mm(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+              use_fast_accum=False):
+    """The float8 matmul: (self * scale_a) @ (mat2 * scale_b) + bias, accumulated in float32
+    (scales per tensor, per row of ``self``, per column of ``mat2``); a float8 result is
+    divided by ``scale_result`` before its (saturating) cast. TPUs before v7x have no float8
+    matrix unit: XLA widens the operands."""
+    a = self.astype(jnp.float32) * scale_a.astype(jnp.float32)
+    b = mat2.astype(jnp.float32) * scale_b.astype(jnp.float32)
+    out = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    if scale_result is not None:
+        out = out / scale_result.astype(jnp.float32)
+    return cast(out, _result_dtype())
 
 
 def _group_sizes(offs: jax.Array) -> jax.Array:

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 from torch._ops import OpOverload
 
+from tpu_kernels import strided
 from tpu_kernels.tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -94,13 +95,8 @@ def _internal_overlap(t: torch.Tensor) -> bool:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """ATen's is_non_overlapping_and_dense: the elements fill a block with no gaps."""
-    expected = 1
-    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
-        if s != expected:
-            return False
-        expected *= n
-    return True
+    """ATen's is_non_overlapping_and_dense (of a non-empty tensor): no gaps, no repeats."""
+    return strided.memory_order(tuple(t.shape), t.stride()) is not None
 
 
 def _partial_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

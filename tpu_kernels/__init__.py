@@ -34,6 +34,7 @@ from tpu_kernels import autocast as _autocast  # noqa: E402
 from tpu_kernels import host_memory as _host_memory  # noqa: E402
 from tpu_kernels import optim_defaults as _optim_defaults  # noqa: E402
 from tpu_kernels import serialization as _serialization  # noqa: E402
+from tpu_kernels import interchange as _interchange  # noqa: E402,F401  (DLPack export refused clearly)
 from tpu_kernels import deferred_mode as _deferred_mode  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels import graphs as _graphs  # noqa: E402

@@ -280,3 +280,16 @@ def test_random_like_on_the_cpu_draws_from_the_cpu_generator():
     for g, w in zip(got, want):
         assert g.device.type == "cpu"
         torch.testing.assert_close(g, w)
+
+
+def test_dlpack_export_is_refused_clearly():
+    """DLPack has no TPU device type: to_dlpack made a capsule whose tensor broke on use;
+    every way in now raises at once and names what works (.cpu(), .jax())."""
+    import numpy as np
+    t = torch.randn(2, 3, device="tpu")
+    for export in (torch.utils.dlpack.to_dlpack, torch.to_dlpack, torch.from_dlpack, np.from_dlpack,
+                   lambda x: x.__dlpack__()):
+        with pytest.raises(RuntimeError, match=r"cannot be exported through DLPack.*t\.cpu\(\)"):
+            export(t)
+    c = torch.randn(4)
+    assert torch.equal(torch.from_dlpack(torch.utils.dlpack.to_dlpack(c)), c)   # CPU tensors as before

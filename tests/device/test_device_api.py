@@ -293,3 +293,14 @@ def test_dlpack_export_is_refused_clearly():
             export(t)
     c = torch.randn(4)
     assert torch.equal(torch.from_dlpack(torch.utils.dlpack.to_dlpack(c)), c)   # CPU tensors as before
+
+
+def test_linspace_of_tpu_scalars_follows_its_device_argument():
+    """``torch.linspace(s, e, n)`` of 0-dim tpu tensors: ``device`` defaults to the CPU, as for
+    every factory, and the values are read from the tensors (the signature's CPU stand-ins
+    must be copies, not empty tensors)."""
+    s, e = torch.tensor(-2.0), torch.tensor(3.0)
+    got = torch.linspace(s.to("tpu"), e.to("tpu"), 5)
+    assert got.device.type == "cpu" and torch.equal(got, torch.linspace(s, e, 5))
+    on_tpu = torch.linspace(s.to("tpu"), e.to("tpu"), 5, device="tpu")
+    assert on_tpu.device.type == "tpu" and torch.equal(on_tpu.cpu(), torch.linspace(s, e, 5))

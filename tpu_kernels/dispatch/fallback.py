@@ -88,10 +88,15 @@ def elsewhere(kwargs: dict) -> bool:
 
 
 def run_elsewhere(op: OpOverload, args, kwargs) -> Any:
-    """A ``*_like`` / ``new_*`` call whose result lives on another device: torch's own
-    kernel there, on stand-ins of the tpu arguments with their sizes, strides and dtypes
-    (these ops read their input's metadata, never its values)."""
+    """A call whose result lives on another device: torch's own kernel there. A ``*_like``
+    / ``new_*`` op reads its input's metadata only: it gets stand-ins with the tpu
+    arguments' sizes, strides and dtypes (no copy, no wait). Any other op (``linspace`` of
+    tpu scalar tensors, whose ``device`` defaults to the CPU) reads values: on the CPU it
+    gets copies of them, on the meta device stand-ins."""
     device = torch.device(kwargs["device"])
+    name = op._opname
+    if device.type == "cpu" and not (name.endswith("_like") or name.startswith("new_")):
+        return op(*[_to_cpu_tree(a) for a in args], **kwargs)
 
     def standin(v: Any) -> Any:
         if isinstance(v, TpuTensor):

@@ -102,3 +102,36 @@ def test_view_as_bool_and_back():
         return b.to(torch.uint8), b.sum(), b.view(torch.int8), y, z
     for got, want in zip(run("tpu"), run("cpu")):
         assert torch.equal(got.cpu(), want), (got, want)
+
+
+def _set_cases(d):
+    """``set_`` / ``is_set_to`` as users write them (sharing a storage, views, the empty
+    form, a dtype mismatch, a Parameter under no_grad)."""
+    out = []
+    a, b = torch.zeros(3, device=d), torch.arange(6.0, device=d).view(2, 3)
+    r = a.set_(b)
+    out.append((r is a, tuple(a.shape), a.stride()))
+    a[0, 0] = 5
+    out.append((b[0, 0].item(), a.is_set_to(b), b.is_set_to(a), b.t().is_set_to(b)))
+    b.add_(1)
+    out.append(a.cpu().tolist())
+    try:
+        torch.zeros(3, dtype=torch.int64, device=d).set_(b)
+    except RuntimeError as e:
+        out.append(str(e))
+    c = torch.zeros(3, device=d)
+    c.set_()
+    out.append((tuple(c.shape), c.stride(), c.numel()))
+    v = torch.zeros(3, device=d)
+    v.set_(b[1])
+    out.append((tuple(v.shape), v.stride(), v.storage_offset(), v.cpu().tolist()))
+    p = torch.nn.Parameter(torch.zeros(3, device=d))
+    with torch.no_grad():
+        p.set_(b)
+    out.append((tuple(p.shape), p.requires_grad, p.cpu().tolist()))
+    return out
+
+
+def test_set_and_is_set_to_as_on_cpu():
+    """They raised 'has no implementation on the tpu device'."""
+    assert _set_cases("tpu") == _set_cases("cpu")

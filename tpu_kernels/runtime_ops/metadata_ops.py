@@ -1,6 +1,6 @@
 """In-place ops that change a tensor's metadata, not its values: ``as_strided_``,
 ``squeeze_``, ``unsqueeze_``, ``transpose_``, ``t_``, ``swapdims_``, ``resize_``, ``resize_as_``,
-``detach_``.
+``detach_``, ``set_`` (and the query ``is_set_to``).
 
 A lowering returns values; these ops instead re-point ``self`` at a new geometry of its
 storage (or, for a growing ``resize_``, at a new storage holding the old values first).
@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import strided
+from tpu_kernels import devices, strided
 from tpu_kernels.dispatch import run
 from tpu_kernels.registry import register_runtime, runtime_handler
+from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage
 from tpu_kernels.tensor import TpuTensor, repoint
 
@@ -58,6 +60,33 @@ def resize_(op, args, kwargs):
     grown = jnp.concatenate([flat, jnp.zeros((self.storage_offset() + need - flat.size,), flat.dtype)])
     return repoint(self, TpuTensor(Storage(grown), size, strided.contiguous_strides(size),
                                    self.storage_offset(), self.dtype))
+
+
+@runtime_handler("aten::set_.source_Tensor")
+def set_source(op, args, kwargs):
+    """``self.set_(source)``: ``self`` becomes ``source``'s view of its storage, sharing it
+    (writes through either are seen by both), as in torch."""
+    self, source = args[0], args[1]
+    op(self.to("meta"), source.to("meta"))   # torch's checks and words (a dtype mismatch)
+    view = TpuTensor(source._tpu_storage, tuple(source.shape), source.stride(), source.storage_offset(),
+                     source.dtype)
+    return repoint(self, view)
+
+
+@runtime_handler("aten::set_.default")
+def set_empty(op, args, kwargs):
+    """``self.set_()``: an empty tensor over a new, empty storage."""
+    self, i = args[0], args[0]._tpu_storage.index
+    empty = jax.device_put(jnp.zeros((0,), to_jax_dtype(self.dtype)), devices.jax_device(i))
+    return repoint(self, TpuTensor(Storage(empty, i), (0,), (1,), 0, self.dtype))
+
+
+@runtime_handler("aten::is_set_to")
+def is_set_to(op, args, kwargs):
+    """Whether both tensors are the same view of one storage."""
+    a, b = args[0], args[1]
+    return (isinstance(b, TpuTensor) and a._tpu_storage is b._tpu_storage and a.storage_offset() == b.storage_offset()
+            and a.shape == b.shape and a.stride() == b.stride())
 
 
 @runtime_handler("aten::resize_as_")

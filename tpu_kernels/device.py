@@ -166,11 +166,17 @@ def _root_gradients(outputs: Any, grads: Any) -> Any:
     fixed = None
     for i, (o, g) in enumerate(zip(outputs, grads)):
         if type(g) is torch.Tensor and isinstance(o, torch.Tensor) and o.device.type == "tpu" and g.device != o.device:
-            if g.dim() != 0:
-                raise RuntimeError(f"invalid gradient at index {i} - expected device {o.device} but got {g.device}")
             fixed = list(grads) if fixed is None else fixed
-            fixed[i] = g.to(o.device)
+            fixed[i] = _moved(g, o.device, f"invalid gradient at index {i}")
     return grads if fixed is None else tuple(fixed)
+
+
+def _moved(g: torch.Tensor, want: torch.device, what: str) -> torch.Tensor:
+    """A CPU gradient ``g`` for a tensor on tpu ``want``: moved there when 0-dim, as CUDA
+    moves it; else CUDA's error, ``what`` naming where it came from."""
+    if g.dim() != 0:
+        raise RuntimeError(f"{what} - expected device {want} but got {g.device}")
+    return g.to(want)
 
 
 def _function_gradients(node: Any, out: Any) -> Any:
@@ -189,11 +195,8 @@ def _function_gradients(node: Any, out: Any) -> Any:
         j, (fn, nr) = edge
         want = fn._input_metadata[nr].device
         if want.type == "tpu" and g.device != want:
-            if g.dim() != 0:
-                raise RuntimeError(f"Function {node.name()} returned an invalid gradient at index {j} - "
-                                   f"expected device {want} but got {g.device}")
             fixed = list(grads) if fixed is None else fixed
-            fixed[i] = g.to(want)
+            fixed[i] = _moved(g, want, f"Function {node.name()} returned an invalid gradient at index {j}")
     if fixed is None:
         return out
     return tuple(fixed) if isinstance(out, tuple) else fixed[0]

@@ -14,14 +14,12 @@ import torch.nn.functional as F
 from tpu_kernels import spmd_moe
 from tpu_kernels.registry.custom_ops.define import declare_op
 
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-
 
 def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     # torch's decomposition, not F.cross_entropy: on tpu tensors that call is caught whole
     # and comes back to this op (the reference differentiates its double backward)
     return torch.ops.aten.cross_entropy_loss.default.decompose(
-        logits, target, weight, _REDUCTIONS[reduction], ignore_index, label_smoothing)
+        logits, target, weight, torch.nn._reduction.get_enum(reduction), ignore_index, label_smoothing)
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,

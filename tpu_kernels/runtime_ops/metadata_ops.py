@@ -12,15 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import torch
 
-from tpu_kernels import devices, strided
+from tpu_kernels import strided
 from tpu_kernels.dispatch import run
+from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.registry import register_runtime, runtime_handler
-from tpu_kernels.registry.dtypes import to_jax_dtype
-from tpu_kernels.storage import Storage
+from tpu_kernels.storage import Storage, to_jax
 from tpu_kernels.tensor import TpuTensor, repoint
 
 aten = torch.ops.aten
@@ -67,7 +66,7 @@ def set_source(op, args, kwargs):
     """``self.set_(source)``: ``self`` becomes ``source``'s view of its storage, sharing it
     (writes through either are seen by both), as in torch."""
     self, source = args[0], args[1]
-    op(self.to("meta"), source.to("meta"))   # torch's checks and words (a dtype mismatch)
+    meta_call(op, args, kwargs)   # torch's checks and words (a dtype mismatch)
     view = TpuTensor(source._tpu_storage, tuple(source.shape), source.stride(), source.storage_offset(),
                      source.dtype)
     return repoint(self, view)
@@ -77,8 +76,7 @@ def set_source(op, args, kwargs):
 def set_empty(op, args, kwargs):
     """``self.set_()``: an empty tensor over a new, empty storage."""
     self, i = args[0], args[0]._tpu_storage.index
-    empty = jax.device_put(jnp.zeros((0,), to_jax_dtype(self.dtype)), devices.jax_device(i))
-    return repoint(self, TpuTensor(Storage(empty, i), (0,), (1,), 0, self.dtype))
+    return repoint(self, TpuTensor(Storage(to_jax(torch.empty(0, dtype=self.dtype), i), i), (0,), (1,), 0, self.dtype))
 
 
 @runtime_handler("aten::is_set_to")

@@ -316,6 +316,30 @@ def test_in_range_edges_return_like_cpu():
         assert_like_cpu(fn)
 
 
+def test_many_unread_flags_read_together_name_the_failing_op():
+    # past MAX_WATCHED unread flags the oldest are read in stacks (errors._read_all); the
+    # one bad op among hundreds of good ones of two flag shapes is still the one named
+    w, x, i3, i1, i7 = randn("tpu", 4, 2), _x("tpu"), ints("tpu", 3), ints("tpu", 1), ints("tpu", 7)
+    good = [lambda: F.embedding(i3, w), lambda: x.index_select(0, i1)]
+    with pytest.raises(IndexError, match="index_select"):   # raised by the op after the read
+        for k in range(errors.MAX_WATCHED + 40):
+            good[k % 2]()
+            if k == 70:
+                x.index_select(0, i7)      # out of range
+        torch.tpu.synchronize()
+    assert not errors.pending()
+    assert k > 70
+
+
+def test_read_all_keeps_order_and_values():
+    import jax.numpy as jnp
+    import numpy as np
+    flags = [jnp.array([k % 7 == 0, k % 3 == 0]) for k in range(75)] + [jnp.array([True])] * 3
+    flags.insert(5, np.array([True, False, True]))    # not a jax array: read as it is
+    values = errors._read_all(flags)
+    assert [v.tolist() for v in values] == [np.asarray(f).tolist() for f in flags]
+
+
 def test_switches_sync_checks_at_runtime():
     assert not errors.SYNC_CHECKS
     errors.set_sync_checks(True)

@@ -105,18 +105,40 @@ def _grads_then_cpu_step(cpu, tpu, opt_cpu, opt_tpu, x) -> None:
     opt_cpu.step()
 
 
-def test_compiled_adamw_step_counts_on_the_host_and_matches_cpu():
+def test_compiled_adamw_step_counts_on_the_device_and_matches_cpu():
+    # as torch.compile does for CUDA parameters: the group becomes capturable, the step
+    # counters are made on the device, and the program reads no CPU scalars
     cpu, tpu, opt_cpu, opt_tpu, step, x = _adamw_pair()
     start = len(compile_backend.PROGRAMS)
     for _ in range(3):
         _grads_then_cpu_step(cpu, tpu, opt_cpu, opt_tpu, x)
         step()
-    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
-    assert len(program.host.written) == 2      # weight's and bias's step counters
+    assert opt_tpu.param_groups[0]["capturable"] and not opt_cpu.param_groups[0]["capturable"]
+    assert all(p.host is None and not p.cpu_inputs for p in compile_backend.PROGRAMS[start:])
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
-        assert opt_tpu.state[b]["step"].device.type == "cpu"
-        torch.testing.assert_close(opt_tpu.state[b]["step"], opt_cpu.state[a]["step"])
+        assert opt_tpu.state[b]["step"].device.type == "tpu"
+        torch.testing.assert_close(opt_tpu.state[b]["step"].cpu(), opt_cpu.state[a]["step"])
+
+
+def test_a_cpu_counter_a_compiled_graph_bumps_is_updated_on_the_host():
+    # host_writes.py: a CPU input whose new value needs CPU inputs only (a custom optimizer's
+    # step count) is computed by torch on the host; the program's own copy is not read back
+    counter = torch.tensor(0.0)
+    w = torch.ones(3, device="tpu")
+
+    def f(x, n):
+        n.add_(1)
+        return x * n + w
+
+    cf = torch.compile(f, backend="tpu")
+    start = len(compile_backend.PROGRAMS)
+    outs = [cf(torch.arange(3.0, device="tpu"), counter).cpu() for _ in range(3)]
+    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
+    assert len(program.host.written) == 1
+    assert counter.device.type == "cpu" and counter.item() == 3.0
+    for k, out in enumerate(outs, 1):
+        torch.testing.assert_close(out, torch.arange(3.0) * k + 1)
 
 
 def test_a_compiled_optimizer_step_donates_the_state_it_writes():
@@ -141,8 +163,8 @@ def test_a_compiled_optimizer_step_donates_the_state_it_writes():
         assert (old_bias == before).all()
         if k == 2:
             assert not kept.is_deleted() and (kept == kept_before).all()
-    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.host is not None]
-    assert len(program.donated) == 6   # weight, bias and their two moments each
+    (program,) = [p for p in compile_backend.PROGRAMS[start:] if p.donated]
+    assert len(program.donated) == 8   # weight, bias, their two moments and step counts
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-5)
 

@@ -1,9 +1,10 @@
 """CPU inputs a compiled graph updates from CPU values alone, updated on the host.
 
-An optimizer's step counters are CPU tensors (torch's default, ``capturable=False``): a
-compiled ``opt.step`` graph adds one to each and writes it back (``copy_`` into the
-input). The program computes that too, but reading its result back into the CPU tensor
-waits for the whole program: a host sync every training step. The new value depends on
+A CPU counter a compiled graph bumps (a custom optimizer's step count kept as a CPU
+tensor; torch's own optimizers count on the device when compiled: ``optim_defaults.py``)
+is a CPU input the graph adds one to and writes back (``copy_`` into the input). The
+program computes that too, but reading its result back into the CPU tensor waits for
+the whole program: a host sync every training step. The new value depends on
 CPU tensors only, so the same ops run on the host with torch (a few scalar ops) while the
 program runs; the program's copy is not read. The program is given a private copy of such
 an input, so the host's write never races its read.

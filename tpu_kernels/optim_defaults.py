@@ -8,9 +8,20 @@ subclass, so without this AdamW on tpu ran the per-parameter loop: 292 ops a ste
 small GPT's 29 parameters, against 10 foreach ops (each one program over all of them).
 Registering the type gives the choice torch makes for CUDA tensors; ``foreach=False``
 still picks the loop.
+
+And a compiled ``opt.step`` counts its steps on the device, as torch.compile arranges for
+CUDA: Dynamo sets a param group's ``capturable`` when its parameters are all CUDA (or XPU)
+tensors with no state yet, so the step counters are made on the device and the compiled
+step reads no CPU scalars. Its rule does not know tpu tensors; ``_set_capturable`` below
+applies it to them before Dynamo's own runs. (Compiled small-GPT AdamW step, interleaved
+A/B on 2 CPU cores: 1.72 ms with device counters vs 1.99 ms with CPU ones; on a TPU v5e
+about 5% of the step.)
 """
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch.optim.optimizer import _foreach_supported_types as _OPTIMIZERS
 from torch.utils._foreach_utils import _foreach_supported_types as _UTILITIES
 
@@ -22,7 +33,24 @@ _LISTS = (_OPTIMIZERS, _UTILITIES)
 
 
 def install() -> None:
-    """Idempotent: list the tpu tensor type where torch looks for foreach-capable types."""
+    """Idempotent: list the tpu tensor type where torch looks for foreach-capable types;
+    compiled optimizer steps over tpu parameters are capturable (see above)."""
     for types in _LISTS:
         if TpuTensor not in types:
             types.append(TpuTensor)
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+    if not getattr(OptimizerVariable._set_capturable, "_tpu", False):
+        OptimizerVariable._set_capturable = _set_capturable(OptimizerVariable._set_capturable)
+
+
+def _set_capturable(dynamo_rule: Any) -> Any:
+    def set_capturable(self: Any, tx: Any) -> None:
+        optimizer: torch.optim.Optimizer = self.value
+        for group in optimizer.param_groups:
+            params = group.get("params", [])
+            if ("capturable" in group and params and all(type(p) is TpuTensor for p in params)
+                    and not any(p in optimizer.state for p in params)):
+                group["capturable"] = True
+        dynamo_rule(self, tx)
+    set_capturable._tpu = True
+    return set_capturable

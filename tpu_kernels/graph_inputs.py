@@ -1,13 +1,14 @@
 """A compiled graph's tensor arguments as its program's arrays.
 
 ``source_of``: the storage and view geometry behind an argument (a tpu tensor, a shadow,
-or a CPU tensor read as a host array). ``HostScalars``: the 0-dim CPU inputs (an
-optimizer's step counters) as one host array per dtype.
+or a CPU tensor read as a host array). ``HostScalars``: the 0-dim CPU inputs (CPU scalar
+arguments, a custom optimizer's CPU step counters) as one host array per dtype.
 
 A jit call pays per argument, and most for a host array, which it copies to the device
 one by one: in one measurement, 116 device arguments and 29 host scalars cost 308 µs a
 call, the same with the scalars as one host array 174 µs (the small GPT's compiled AdamW
-step takes 29 step counters). Packed, each dtype's scalars cross as one array, and the
+step took 29 step counters; torch's optimizers now count on the device when compiled, see
+``optim_defaults.py``). Packed, each dtype's scalars cross as one array, and the
 program takes them apart again before anything reads them, so the graph sees what it
 saw before.
 """

@@ -61,7 +61,7 @@ class GraphProgram:
         self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
         if self.eager:
             log.info("a compiled graph has data-dependent shapes: it runs op by op")
-        # outputs torch expects on the CPU (an optimizer's step counters, for one)
+        # outputs torch expects on the CPU (a CPU counter the graph bumps, for one)
         outs = gm.graph.output_node().args[0]
         self.cpu_outputs = [i for i, n in enumerate(outs) if isinstance(n, torch.fx.Node)
                             and getattr(n.meta.get("val"), "device", None) == torch.device("cpu")]

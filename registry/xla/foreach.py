@@ -5,6 +5,12 @@ Only the functional ops are registered; their in-place twins (``_foreach_add_`` 
 what the optimizers call) are derived by the dispatcher. One jitted call covers the whole
 list, so an optimizer step over N parameters is one XLA program per op, not N.
 Element ``i`` of a result takes torch's dtype for output ``i``.
+
+Lists of 0-dim tensors (an optimizer's step counters and the bias corrections made from
+them) are computed stacked, as one vector: XLA fuses per array, so N counters made N tiny
+fusions per op, each run as a loop of its own (XLA:CPU) or a kernel launch (XLA:TPU). The
+compiled small-GPT AdamW step had 87 scalar fusions and 29 ``pow`` select reductions
+for its 29 counters.
 """
 from __future__ import annotations
 
@@ -20,17 +26,29 @@ from tpu_kernels.registry.xla._util import float_compute
 
 
 def _pick(v: Any, i: int) -> Any:
-    """Element ``i`` of a per-tensor argument (list, or 1-d tensor of scalars), or ``v``."""
+    """Element ``i`` of a per-tensor argument (a list), or ``v`` (shared by all)."""
     if isinstance(v, (list, tuple)):
         return v[i]
     return v
 
 
-def _pick_scalars(v: Any, i: int) -> Any:
-    """``_foreach_addcmul.Tensor``'s ``scalars``: a 1-d tensor with one value per element."""
-    if hasattr(v, "ndim") and v.ndim == 1:
-        return v[i]
-    return _pick(v, i)
+def _each(core: Callable, *args: Any) -> list[Any]:
+    """``[core(*element i of each list argument (others as they are), out_dtype(i))]``; one
+    call on the stacked lists where they are all 0-dim arrays (see above)."""
+    n = len(next(a for a in args if isinstance(a, (list, tuple))))
+    dts = [out_dtype(i) for i in range(n)]
+    if n > 1 and all(d == dts[0] for d in dts) and all(_stackable(a) for a in args):
+        out = core(*[jnp.stack(a) if isinstance(a, (list, tuple)) else a for a in args], dts[0])
+        return [out[i] for i in range(n)]
+    return [core(*[_pick(a, i) for a in args], dts[i]) for i, _ in enumerate(dts)]
+
+
+def _stackable(v: Any) -> bool:
+    """A list of 0-dim arrays of one dtype, or a number or 0-dim array shared by all."""
+    if isinstance(v, (list, tuple)):
+        first = v[0]
+        return all(getattr(x, "ndim", None) == 0 and x.dtype == first.dtype for x in v)
+    return getattr(v, "ndim", 0) == 0
 
 
 def _overloads(name: str) -> list[str]:
@@ -46,7 +64,7 @@ _UNARY = ["abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "
 
 def _unary(core: Callable) -> Callable:
     def lower(self):
-        return [core(x, out_dtype(i)) for i, x in enumerate(self)]
+        return _each(core, self)
     return lower
 
 
@@ -57,7 +75,7 @@ for _name in _UNARY:
 # -- binary: Scalar, List, ScalarList and Tensor overloads share one lowering -----------------------
 def _binary(core: Callable) -> Callable:
     def lower(self, other, *, alpha=1):
-        return [core(x, _pick(other, i), alpha, out_dtype(i)) for i, x in enumerate(self)]
+        return _each(lambda x, y, dt: core(x, y, alpha, dt), self, other)
     return lower
 
 
@@ -88,14 +106,15 @@ for _name, _core in _BINARY.items():
 
 @xla("aten::_foreach_pow.ScalarAndTensor")
 def _foreach_pow_scalar_and_tensor(self, exponent):
-    return [arithmetic.pow_core(self, e, out_dtype(i)) for i, e in enumerate(exponent)]
+    return _each(arithmetic.pow_core, self, exponent)
 
 
 # -- ternary ---------------------------------------------------------------------------------------
 def _pointwise(core: Callable) -> Callable:
     def lower(self, tensor1, tensor2, scalars=1):
-        return [core(x, tensor1[i], tensor2[i], _pick_scalars(scalars, i), out_dtype(i))
-                for i, x in enumerate(self)]
+        if getattr(scalars, "ndim", 0) == 1:   # ``.Tensor``: one value per element
+            scalars = [scalars[i] for i in range(len(self))]
+        return _each(core, self, tensor1, tensor2, scalars)
     return lower
 
 
@@ -105,7 +124,7 @@ xla(*_overloads("_foreach_addcdiv"), name="_foreach_addcdiv")(_pointwise(ternary
 
 @xla(*_overloads("_foreach_lerp"))
 def _foreach_lerp(self, tensors1, weight):
-    return [ternary.lerp_core(x, tensors1[i], _pick(weight, i), out_dtype(i)) for i, x in enumerate(self)]
+    return _each(ternary.lerp_core, self, tensors1, weight)
 
 
 # -- reductions, copies ------------------------------------------------------------------------------

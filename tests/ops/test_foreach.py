@@ -111,6 +111,41 @@ def test_lerp():
     check(inplace("lerp", 0.1), tensors(torch.bfloat16), tensors(torch.bfloat16))
 
 
+def scalars(n=5, dtype=torch.float32, low=0.5, high=2.0, exact=()):
+    """``n`` 0-dim tensors (an optimizer's step counters): foreach.py stacks such lists;
+    ``exact``: values to put first (pow's special exponents)."""
+    values = list(exact) + (torch.rand(n - len(exact), generator=G) * (high - low) + low).tolist()
+    return [torch.tensor(v, dtype=dtype) for v in values]
+
+
+def test_lists_of_0d_tensors_computed_stacked():
+    xs, ys, zs = scalars(), scalars(), scalars()
+    check(torch._foreach_sqrt, xs)
+    check(inplace("add", 1), xs)
+    check(lambda a, b: torch._foreach_mul(a, b), xs, ys)
+    check(lambda a, t: torch._foreach_div(a, t), xs, torch.tensor(0.3))
+    check(lambda a: torch._foreach_sub(a, [0.5, 2.0, -1.0, 3.0, 4.0]), xs)   # ScalarList: one by one
+    check(lambda e: torch._foreach_pow(0.9, e), scalars(exact=(2.0, 3.0, 0.5, -1.0)))
+    check(lambda a, e: torch._foreach_pow(a, e), xs, scalars(exact=(2.0, -2.0, -0.5)))
+    check(torch._foreach_addcmul, xs, ys, zs)
+    check(lambda a, b: torch._foreach_lerp(a, b, 0.3), xs, ys)
+    check(inplace("mul"), scalars(dtype=torch.bfloat16), scalars(dtype=torch.bfloat16))
+    check(torch._foreach_neg, [torch.tensor(3), torch.tensor(-2), torch.tensor(7)])
+    mixed = [torch.tensor(1.5), torch.tensor(2.5, dtype=torch.float64), torch.tensor(0.5)]
+    check(torch._foreach_exp, mixed)                    # dtypes differ: one by one
+    check(torch._foreach_add, mixed, [torch.tensor(1.0)] * 3)
+
+
+def test_adam_capturable_bias_corrections_match_cpu():
+    """AdamW's capturable path: counters, their powers and bias corrections as 0-dim lists."""
+    params = [torch.randn(4, 3, generator=G), torch.randn(3, generator=G), torch.randn((), generator=G)]
+    grads = [[torch.randn(p.shape, generator=G) for p in params] for _ in range(3)]
+    cpu = _run_optimizer(torch.optim.AdamW, {"capturable": False}, "cpu", params, grads)
+    tpu = _run_optimizer(torch.optim.AdamW, {"capturable": True}, "tpu", params, grads)
+    for a, b in zip(cpu, tpu):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
 def test_reductions_and_copies():
     xs = tensors()
     for o in (2, 1, float("inf"), 0, 3):

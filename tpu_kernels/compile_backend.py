@@ -20,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tpu_kernels import errors, compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns
+from tpu_kernels import errors, compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.tensor import TpuTensor
@@ -47,6 +47,7 @@ def _traced_device_copies() -> None:
 
 
 _traced_device_copies()
+optim_defaults.install_compiled()   # a compiled opt.step counts on the device, as on CUDA
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
 
 

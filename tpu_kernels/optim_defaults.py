@@ -33,11 +33,16 @@ _LISTS = (_OPTIMIZERS, _UTILITIES)
 
 
 def install() -> None:
-    """Idempotent: list the tpu tensor type where torch looks for foreach-capable types;
-    compiled optimizer steps over tpu parameters are capturable (see above)."""
+    """Idempotent: list the tpu tensor type where torch looks for foreach-capable types."""
     for types in _LISTS:
         if TpuTensor not in types:
             types.append(TpuTensor)
+
+
+def install_compiled() -> None:
+    """Idempotent: compiled optimizer steps over tpu parameters are capturable (see above).
+    Called when the tpu backend loads (``compile_backend``): ``import tpu_kernels`` leaves
+    Dynamo unloaded."""
     from torch._dynamo.variables.optimizer import OptimizerVariable
     if not getattr(OptimizerVariable._set_capturable, "_tpu", False):
         OptimizerVariable._set_capturable = _set_capturable(OptimizerVariable._set_capturable)

@@ -8,9 +8,9 @@ A/B in one process (2 cores, median step): the small GPT 6.25 ms recorded vs 3.7
 one (hand-written JAX: 2.44), the medium GPT 160.6 vs 146.0 ms, a 2-layer transformers
 Llama with its own ``.loss`` 8.15 vs 5.16 ms and with an eager loss 8.65 vs 6.57 ms.
 Running the recording when backward returns (the optimizer's Python then overlaps the
-forward and backward) recovered only part: 5.0, 159.2, 7.53 and 7.85 ms. On a TPU v5e it did not pay either:
-the small GPT's compiled step 5.22 ms recorded vs 5.08 ms one by one (hand-written JAX
-0.97 ms; ``bench/results/tpu_v5e/2026-12-04-s23.md``).
+forward and backward) recovered only part: 5.0, 159.2, 7.53 and 7.85 ms. On a TPU v5e
+it did not pay either: the small GPT's compiled step 5.22 ms recorded vs 5.08 ms one by
+one (hand-written JAX 0.97 ms; ``bench/results/tpu_v5e/2026-12-04-s23.md``).
 
 A compiled training step is several programs: the forward graph (``loss = cm(x)``), the
 backward graph (``loss.backward()``) and, with ``torch.compile(opt.step)``, the

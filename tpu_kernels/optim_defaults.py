@@ -49,6 +49,7 @@ def install_compiled() -> None:
 
 
 def _set_capturable(dynamo_rule: Any) -> Any:
+    """Dynamo's ``OptimizerVariable._set_capturable`` preceded by its rule for tpu groups."""
     def set_capturable(self: Any, tx: Any) -> None:
         optimizer: torch.optim.Optimizer = self.value
         for group in optimizer.param_groups:

@@ -129,17 +129,17 @@ def _read_all(flags: list[Any]) -> list[np.ndarray]:
     """The host values of ``flags`` (jax arrays, or placeholders read one by one)."""
     values: list[Any] = [None] * len(flags)
     groups: dict[tuple, list[int]] = {}
+    stacking = len(flags) > 2
     for i, f in enumerate(flags):
-        if isinstance(f, jax.Array) and len(flags) > 2:
+        if stacking and isinstance(f, jax.Array):
             groups.setdefault((f.shape, f.dtype, f.sharding), []).append(i)
         else:
             values[i] = np.asarray(f)
-    for where in groups.values():
-        for k in range(0, len(where), _STACK):
-            part = where[k:k + _STACK]
-            stacked = np.asarray(_stack(*(flags[i] for i in part), *[flags[part[0]]] * (_STACK - len(part))))
-            for i, v in zip(part, stacked):
-                values[i] = v
+    parts = [where[k:k + _STACK] for where in groups.values() for k in range(0, len(where), _STACK)]
+    stacks = [_stack(*(flags[i] for i in part), *[flags[part[0]]] * (_STACK - len(part))) for part in parts]
+    for part, stacked in zip(parts, jax.device_get(stacks)):    # all stacks' copies at once
+        for i, v in zip(part, stacked):
+            values[i] = v
     return values
 
 

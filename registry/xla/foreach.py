@@ -40,7 +40,7 @@ def _each(core: Callable, *args: Any) -> list[Any]:
     if n > 1 and all(d == dts[0] for d in dts) and all(_stackable(a) for a in args):
         out = core(*[jnp.stack(a) if isinstance(a, (list, tuple)) else a for a in args], dts[0])
         return [out[i] for i in range(n)]
-    return [core(*[_pick(a, i) for a in args], dts[i]) for i, _ in enumerate(dts)]
+    return [core(*[_pick(a, i) for a in args], dts[i]) for i in range(n)]
 
 
 def _stackable(v: Any) -> bool:

@@ -130,19 +130,23 @@ def test_failed_index_checks_raise_after_replay():
         torch.tpu.synchronize()
 
 
-def test_tensors_sharing_memory_at_capture_must_still_share_it():
+def test_storages_sharing_one_array_at_capture_stay_apart():
     base = torch.ones(2, 2, device="tpu")
     copy_ = torch.empty(2, 2, device="tpu")
     copy_._tpu_storage.array = base._tpu_storage.array     # two storages, one array
+    same = torch.ones(2, 2, device="tpu")                  # (a kept constant fill: the same)
     out = torch.zeros(2, 2, device="tpu")
     g = TPUGraph()
     with torch.tpu.graph(g):
         out.copy_(copy_ + 1)
+        same.mul_(3)
     g.replay()
-    assert out.tolist() == [[2, 2], [2, 2]]
-    base.fill_(5.0)              # the graph cannot tell which of the two it read
-    with pytest.raises(RuntimeError, match="shared memory"):
-        g.replay()
+    assert out.tolist() == [[2, 2], [2, 2]] and same.tolist() == [[3, 3], [3, 3]]
+    base.fill_(5.0)              # another storage: the graph reads copy_'s
+    copy_.fill_(7.0)
+    g.replay()
+    assert out.tolist() == [[8, 8], [8, 8]] and base.tolist() == [[5, 5], [5, 5]]
+    assert same.tolist() == [[9, 9], [9, 9]] and torch.ones(2, 2, device="tpu").tolist() == [[1, 1], [1, 1]]
 
 
 def test_capture_inside_a_capture_is_refused():

@@ -56,6 +56,20 @@ def _storages() -> list[Storage]:
     return [o for o in gc.get_objects() if type(o) is Storage]
 
 
+def _unshared(storages: list[Storage]) -> list[Storage]:
+    """``storages``, each with an array of its own: the recording knows its inputs by array,
+    so storages that share one (small constant fills do, ``runtime_ops/constant_fills.py``;
+    distinct storages never alias) would be read as one memory. A copy each for the others."""
+    seen: set[int] = set()
+    for st in storages:
+        a = st.array
+        if isinstance(a, jax.Array):
+            if id(a) in seen:
+                st.array = jnp.array(a, copy=True)
+            seen.add(id(a))
+    return storages
+
+
 def _value(a: Any) -> Any:
     return a.value if type(a) is Lazy else a
 
@@ -94,7 +108,7 @@ class TPUGraph:
         self.reset()
         lazy.flush()
         errors.raise_pending()
-        self._before = {st: st.array for st in _storages()}
+        self._before = {st: st.array for st in _unshared(_storages())}
         lazy.begin_capture()
         random_state.begin_capture()
         errors.hold_reads(True)
@@ -121,11 +135,11 @@ class TPUGraph:
             self._restore(prog, before)
 
     def _bind(self, prog: lazy.Program, before: dict, keys: list, watched: list) -> None:
-        start: dict[int, tuple[Any, list[Storage]]] = {}   # id(array) -> (array, its storages)
+        start: dict[int, tuple[Any, Storage]] = {}   # id(array) -> (array, its storage)
         for st, a in before.items():
             a = _value(a)
             if a is not None:
-                start.setdefault(id(a), (a, []))[1].append(st)
+                start[id(a)] = (a, st)
         key_of = {id(k): (k, off) for k, off in keys}
         sources, reads, constants, key_offsets = [], [], [], []
         for v, aval in zip(prog.inputs, prog.input_avals):
@@ -152,7 +166,7 @@ class TPUGraph:
                            if st.array is not a and type(st.array) is not Lazy]
         flags = [(slots.setdefault(f.slot, len(slots)), op, checks) for f, op, checks in watched]
         written = {st for st, _ in writes}
-        donated = tuple(k for k, sts in enumerate(reads) if len(sts) == 1 and sts[0] in written)
+        donated = tuple(k for k, st in enumerate(reads) if st in written)
         self._program = _Program(prog, sources, tuple(slots), donated)
         self._index = prog.index
         self._reads, self._writes, self._flags, self._donated = reads, writes, flags, donated
@@ -179,17 +193,13 @@ class TPUGraph:
                 raise RuntimeError("TPUGraph.replay() during its own capture")
             return
         arrays = []
-        for sts in self._reads:
-            a = sts[0].array
-            if len(sts) > 1 and any(s.array is not a for s in sts[1:]):
-                raise RuntimeError(
-                    "TPUGraph.replay(): tensors that shared memory when the graph was captured "
-                    "now hold different values; the graph reads one memory: capture again")
+        for st in self._reads:
+            a = st.array
             arrays.append(lazy.concrete(a) if type(a) is Lazy else a)
         for k in self._donated:
             # held by its storage, this list and getrefcount's argument only; else (a kept
             # ``.jax()``, a placeholder's value) the program gets a copy
-            if sys.getrefcount(arrays[k]) > 3 or type(self._reads[k][0].array) is Lazy:
+            if sys.getrefcount(arrays[k]) > 3 or type(self._reads[k].array) is Lazy:
                 arrays[k] = jnp.array(arrays[k], copy=True)
         keys = ()
         if len(self._key_offsets):
@@ -210,13 +220,13 @@ class TPUGraph:
         if self._program is None:
             raise RuntimeError("TPUGraph.lower(): nothing was captured")
         if arrays is None:
-            arrays = [lazy.concrete(sts[0].array) for sts in self._reads]
+            arrays = [lazy.concrete(st.array) for st in self._reads]
         keys = np.zeros((len(self._key_offsets), 3), np.uint32) if len(self._key_offsets) else ()
         return self._program.jitted.lower(keys, self._constants, *arrays)
 
     def input_specs(self) -> list[jax.ShapeDtypeStruct]:
         """Shape and dtype of each storage the program reads, in ``lower``'s order."""
-        return [jax.ShapeDtypeStruct(sts[0].array.shape, sts[0].array.dtype) for sts in self._reads]
+        return [jax.ShapeDtypeStruct(st.array.shape, st.array.dtype) for st in self._reads]
 
     def reset(self) -> None:
         """Drop the captured program (and the memory it holds)."""

@@ -319,3 +319,20 @@ def test_inference_mode():
     v2 = xt.view(12)
     xt.add_(1)                      # a normal tensor's views still see its writes
     assert torch.equal(v2.cpu(), x.view(12) + 1)
+
+
+def test_the_default_dtype_is_part_of_every_cached_call():
+    # a float meeting an integer tensor, and a factory without a dtype, take torch's default
+    # dtype: a call cached (in memory, on disk, in the FAST index) under another must not answer
+    x = torch.ones(2, dtype=torch.int64, device="tpu")
+    for _ in range(2):
+        assert (x * 1.5).dtype == torch.float32 and torch.zeros(2, device="tpu").dtype == torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for _ in range(2):
+            assert (x * 1.5).dtype == torch.float64
+            assert torch.zeros(2, device="tpu").dtype == torch.float64
+            assert torch.arange(0.0, 2.0, device="tpu").dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)

@@ -346,9 +346,10 @@ def _no_key() -> jax.Array:
 
 def settings() -> tuple:
     """What the registry decides by besides the arguments (its table and switches, matmul
-    precision, index checks, the chip kernels are compiled for): part of every program's
+    precision, the default dtype, index checks, the chip kernels are compiled for): part of every program's
     key, so a call under other settings traces again."""
-    return (REGISTRY.switches(), torch.get_float32_matmul_precision(), INDEX_CHECKS.on, pinned())
+    return (REGISTRY.switches(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
+            INDEX_CHECKS.on, pinned())
 
 
 def _static(a: Any) -> Any:

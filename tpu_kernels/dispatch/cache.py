@@ -58,10 +58,12 @@ TRACES: dict[Any, int] = {}     # op -> number of times an impl was traced for i
 
 def mode_token() -> tuple:
     """Settings read while an op is traced: part of every cache key, so changing one retraces."""
-    return (REGISTRY.epoch, _matmul_precision(), INDEX_CHECKS.on)
+    return (REGISTRY.epoch, _matmul_precision(), _default_dtype(), INDEX_CHECKS.on)
 
 
 _matmul_precision = torch._C._get_float32_matmul_precision   # torch.get_float32_matmul_precision, one frame less
+# the dtype of factories without one and of Python floats meeting integer tensors
+_default_dtype = torch.get_default_dtype   # (a builtin)
 
 
 def op_counts() -> dict[tuple[str, str], int]:

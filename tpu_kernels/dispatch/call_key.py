@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import torch
 
-from tpu_kernels.dispatch.cache import _matmul_precision
+from tpu_kernels.dispatch.cache import _default_dtype, _matmul_precision
 from tpu_kernels.dispatch.plan import SLOT, OpPlan
 from tpu_kernels.dispatch.signature import split
 from tpu_kernels.pallas.tpu_info import pinned
@@ -63,12 +63,12 @@ def key_text(op: Any, route_kind: str, impl: Impl, plan: OpPlan, args: tuple, kw
 
 def _settings() -> str:
     """What the dispatcher and the kernels read while tracing, besides the environment:
-    the matmul precision, the index checks, the registry's disabled kinds and interpret
+    the matmul precision, the default dtype, the index checks, the registry's disabled kinds and interpret
     switch, the chip ``compile_for`` names, the tuned block tables' switch."""
     switches = REGISTRY.switches()
     chip = pinned()
     tuned = sys.modules.get("tpu_kernels.pallas.tuned")   # not imported: nothing turned it off
-    return repr((_matmul_precision(), INDEX_CHECKS.on, sorted(switches[1]), switches[2],
+    return repr((_matmul_precision(), _default_dtype(), INDEX_CHECKS.on, sorted(switches[1]), switches[2],
                  None if chip is None else chip.name, tuned is not None and tuned._OFF.get()))
 
 

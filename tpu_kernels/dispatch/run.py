@@ -16,7 +16,7 @@ from torch._ops import OpOverload
 from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
-from tpu_kernels.dispatch.cache import CompiledCall, _matmul_precision, mode_token
+from tpu_kernels.dispatch.cache import CompiledCall, _default_dtype, _matmul_precision, mode_token
 from tpu_kernels.dispatch.devices import same_device
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, op_plan
@@ -176,7 +176,7 @@ def fast_key(s: _OpState, args: tuple) -> tuple | None:
     None; the call is not indexed (None) for any other argument. Equal keys
     mean equal ``lookup`` keys (the op state stands for the registry epoch; ``split``
     freezes a static list into the tuple of its values)."""
-    key = [s, _matmul_precision(), INDEX_CHECKS.on]
+    key = [s, _matmul_precision(), _default_dtype(), INDEX_CHECKS.on]
     for a, code in zip(args, s.codes):
         t = type(a)
         if t is TpuTensor:

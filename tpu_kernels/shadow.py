@@ -27,6 +27,7 @@ from tpu_kernels.storage import Storage
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _SET = torch.ops.aten.set_.source_Storage_storage_offset
+_SET_BOXED = _SET._handle.redispatch_boxed   # (OpOverload.redispatch without its frame)
 _ADDRESSES = itertools.count(1)
 
 
@@ -50,14 +51,16 @@ def geometry(t: torch.Tensor) -> tuple:
 
 def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
-    pointing back to ``t``."""
+    pointing back to ``t``. (Hot: Dynamo's guards on a compiled optimizer step make one
+    for each new gradient, every step.)"""
+    g = geometry(t)
     storage = torch_storage(st, t.device)
-    s = torch._C._acc.create_empty_tensor((0,), t.dtype)
+    s = torch._C._acc.create_empty_tensor((0,), g[3])
     # torch's CPU set_ only rewrites metadata: it never touches the (absent) memory
-    _SET.redispatch(_CPU_KEYS, s, storage, t.storage_offset(), t.shape, t.stride())
+    _SET_BOXED(_CPU_KEYS, s, storage, g[2], g[0], g[1])
     s._tpu_owner = weakref.ref(t)   # weak: t keeps its shadow, not the other way round
     # strong: no cycle (the storage holds only the torch storage, not the shadow)
-    s._tpu_source = (st, geometry(t))
+    s._tpu_source = (st, g)
     return s
 
 

@@ -2,16 +2,20 @@
 function gives (the runtime's handler of every op whose schema returns a view)."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import torch
+from jax import lax
 
 from tpu_kernels.dispatch import cache
 from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.dispatch.devices import device_error
 from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.fast_tokens import fast_token
+from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import link
 from tpu_kernels.tensor import TpuTensor, value, wrap, wrap_view
 
@@ -64,7 +68,7 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
         return out
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
-        raise NotImplementedError(f"{op}: viewing {base.dtype} as {metas.dtype} (different item size) is not supported on tpu")
+        return _bit_view(op, base, metas.dtype)
     out = _view_like(base, metas)
     # (an empty view keeps TpuTensor's one-element torch storage: not indexed)
     if fast is not None and type(out) is TpuTensor and out.numel():
@@ -73,6 +77,43 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         cache.FAST_VIEWS[fast] = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype,
                                   out._tpu_direct, fast_token(out))
     return out
+
+
+def _bit_view(op: Any, base: TpuTensor, dtype: torch.dtype) -> TpuTensor:
+    """``base.view(dtype)`` of another item size (torch checked the geometry: the last
+    dimension contiguous, sizes and strides divisible): its bytes read as ``dtype``, the
+    last dimension scaled, in a storage of its own linked to ``base`` as the complex
+    views are (a write to either rewrites the other)."""
+    if base.dtype.is_complex or dtype.is_complex:
+        raise NotImplementedError(f"{op}: viewing {base.dtype} as {dtype} (different item size, "
+                                  "complex) is not supported on tpu; use torch.view_as_real")
+    forward, inverse = _bit_views(np.dtype(to_jax_dtype(base.dtype)), np.dtype(to_jax_dtype(dtype)))
+    out = wrap(forward(value(base)), dtype)
+    view = (tuple(base.shape), base.stride(), base.storage_offset(), base.dtype, base._tpu_direct)
+    link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _bit_views(have: np.dtype, want: np.dtype) -> tuple[Callable, Callable]:
+    """(forward, inverse): an array's last dimension of ``have`` items read as ``want``
+    items, and back (little-endian, as torch's memory)."""
+    return jax.jit(functools.partial(_bits_as, want=want)), jax.jit(functools.partial(_bits_as, want=have))
+
+
+def _bits_as(a: jax.Array, want: np.dtype) -> jax.Array:
+    # XLA bit-casts no bools: they travel as bytes (a byte read as bool is true where nonzero)
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    cast = np.dtype(np.uint8) if want == np.bool_ else want
+    have = np.dtype(a.dtype)
+    if cast.itemsize < have.itemsize:     # (..., n) -> (..., n, r) -> (..., n * r)
+        out = lax.bitcast_convert_type(a, cast)
+        out = out.reshape(*a.shape[:-1], a.shape[-1] * (have.itemsize // cast.itemsize))
+    else:                                 # (..., n * r) -> (..., n, r) -> (..., n)
+        r = cast.itemsize // have.itemsize
+        out = lax.bitcast_convert_type(a.reshape(*a.shape[:-1], a.shape[-1] // r, r), cast)
+    return out != 0 if want == np.bool_ else out
 
 
 def _check_in_storage(base: TpuTensor, view: torch.Tensor) -> None:

@@ -173,13 +173,37 @@ def linalg_inv_ex(A, *, check_errors=False):
 
 # -- Cholesky ---------------------------------------------------------------------------------------
 def _cholesky(a: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Lower Cholesky factor (from the lower triangle) and an info flag.
+    """Lower Cholesky factor (from the lower triangle) and LAPACK's info: the order of the
+    first leading minor that is not positive-definite, 0 if none.
 
-    XLA reports failure by NaNs in the whole factor, not the failing minor: info is then
-    n (not LAPACK's order of the first non-positive-definite minor)."""
+    XLA reports failure by NaNs in the whole factor, not the failing minor, so when any
+    matrix failed the order is found by ``_first_bad_minor`` (a column loop: the
+    successful call does not pay it)."""
     low = _linalg.cholesky(a, symmetrize_input=False)
     bad = jnp.any(jnp.isnan(low), axis=(-2, -1)) & ~jnp.any(jnp.isnan(a), axis=(-2, -1))
-    return low, jnp.where(bad, a.shape[-1], 0).astype(jnp.int32)
+    batch = a.reshape(-1, *a.shape[-2:])
+    info = jax.lax.cond(jnp.any(bad), lambda m: jax.vmap(_first_bad_minor)(m),
+                        lambda m: jnp.zeros(m.shape[0], jnp.int32), batch)
+    return low, jnp.where(bad, info.reshape(bad.shape), 0)
+
+
+def _first_bad_minor(a: jax.Array) -> jax.Array:
+    """The order of the first leading minor of Hermitian ``a`` (its lower triangle) that is
+    not positive-definite, 0 if none: an unblocked Cholesky, column by column, that notes
+    the first column whose pivot ``a[j, j] - |L[j, :j]|^2`` is not positive."""
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+
+    def column(j, carry):
+        low, info = carry
+        row = jnp.where(idx < j, low[j], 0)
+        pivot = a[j, j].real - jnp.sum(jnp.abs(row) ** 2)
+        ok = pivot > 0
+        info = jnp.where((info == 0) & ~ok, j + 1, info)
+        d = jnp.sqrt(jnp.where(ok, pivot, 1)).astype(a.dtype)
+        col = jnp.where(idx > j, (a[:, j] - low @ row.conj()) / d, jnp.where(idx == j, d, 0))
+        return low.at[:, j].set(col), info
+    return jax.lax.fori_loop(0, n, column, (jnp.zeros_like(a), jnp.int32(0)))[1]
 
 
 def _lower_input(a: jax.Array, upper: bool) -> jax.Array:

@@ -226,9 +226,20 @@ def test_cholesky_reads_one_triangle_and_flags_failure():
     junk = a.tril() + 5 * torch.ones(4, 4, dtype=torch.float64).triu(1)  # upper part ignored
     check(torch.linalg.cholesky, junk)
     bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
-    info = _tpu_call(lambda x: torch.linalg.cholesky_ex(x).info, bad).cpu()
-    # torch reports the failing minor's order (2); XLA only reports failure (info = n here)
-    assert info.item() > 0
+    assert _tpu_call(lambda x: torch.linalg.cholesky_ex(x).info, bad).item() == 2
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_info_is_the_order_of_the_first_failing_minor(upper):
+    """LAPACK's info (XLA only says a factor failed: it was n for every failure)."""
+    semi = torch.tensor([[4.0, 2, 0, 0], [2, 1, 0, 0], [0, 0, 3, 0], [0, 0, 0, 1]])
+    batch = torch.stack([torch.eye(4), semi, torch.diag(torch.tensor([1.0, 2, -1, 4])),
+                         -torch.eye(4), _spd(dtype=torch.float32)])
+    z = torch.tensor([[1, 2j], [-2j, 1]], dtype=torch.complex64)
+    for m in (batch, batch.double(), batch[1], z):
+        check(lambda x: torch.linalg.cholesky_ex(x, upper=upper).info, m)
+    with pytest.raises(RuntimeError, match="leading minor of order 2 is not positive-definite"):
+        torch.linalg.cholesky(semi.to("tpu"), upper=upper)
 
 
 @pytest.mark.parametrize("dtype", LA_DTYPES)

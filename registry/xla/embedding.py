@@ -55,6 +55,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     Returns (output, offset2bag, bag_size, max_indices) with the shapes of torch's meta
     function; values as the CPU kernel (bag_size is 0 in sum mode, as there)."""
     n = indices.shape[0]
+    _check_bags(weight.shape[0], indices, offsets, padding_idx)
     starts = offsets[:-1] if include_last_offset else offsets
     bags = starts.shape[0]
     pos = jnp.arange(n)
@@ -80,6 +81,18 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         out = out / jnp.maximum(count, 1)[:, None].astype(acc)
     bag_size = sizes if mode == 1 else jnp.zeros_like(sizes)
     return out.astype(dt), bag, bag_size, jnp.zeros(out_shape(3), jnp.int64)
+
+
+def _check_bags(rows: int, indices: jax.Array, offsets: jax.Array, padding_idx: int) -> None:
+    """torch's checks of a bag layout (deferred; XLA would read zeros or misplace bags): the
+    indices name rows, the first bag starts at 0, the last offset is within the input."""
+    in_range(jnp.where(indices == padding_idx, 0, indices) if padding_idx >= 0 else indices, rows,
+             "embedding_bag: Index of input not in the valid range", exc=RuntimeError)
+    if offsets.shape[0]:
+        check(offsets[0] == 0, "offsets[0] has to be 0, i.e., the first sequence in the mini-batch "
+              "has to start from position 0", RuntimeError)
+        check(offsets[-1] <= indices.shape[0], "offsets[-1] can not be greater than input's length "
+              f"{indices.shape[0]}", RuntimeError)
 
 
 def _dense_only(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,

@@ -436,6 +436,25 @@ def test_embedding_bag(mode):
         check(lambda w, i, o, p: torch.nn.functional.embedding_bag(i, w, o, per_sample_weights=p, mode="sum"), w, i, o, psw)
 
 
+@pytest.mark.parametrize("indices,offsets,match", [
+    ([1, 2, 4, 5], [1, 2], "offsets\\[0\\] has to be 0"),
+    ([1, 2, 4, 5], [0, 5], "offsets\\[-1\\] can not be greater than input's length 4"),
+    ([1, 2, 10, 5], [0, 2], "valid range"),
+    ([1, -1, 3, 5], [0, 2], "valid range"),
+])
+def test_embedding_bag_refuses_what_torch_refuses(indices, offsets, match):
+    """A bad bag layout raised nothing: XLA read zeros (an index past the table) or
+    misplaced bags (offsets not starting at 0, past the input)."""
+    w, i, o = r(10, 3), torch.tensor(indices), torch.tensor(offsets)
+    with pytest.raises(RuntimeError, match=match.replace("valid range", "")):
+        torch.nn.functional.embedding_bag(i, w, o, mode="sum")
+    with pytest.raises(RuntimeError, match=match):
+        torch.nn.functional.embedding_bag(to_tpu(i), to_tpu(w), to_tpu(o), mode="sum").cpu()
+    pad = torch.nn.functional.embedding_bag(to_tpu(torch.tensor([1, 2, 4, 5])), to_tpu(w), to_tpu(torch.tensor([0, 2])),
+                                            mode="sum", padding_idx=2)
+    assert pad.shape == (2, 3)       # (a padding index is a valid one)
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
 def test_embedding_max_norm_renorms_the_rows_it_reads(norm_type, compiled):

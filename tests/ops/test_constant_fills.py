@@ -85,3 +85,11 @@ def test_fills_in_deferred_mode_and_the_backward_seed():
         w.grad = None
         (w * 3).sum().backward()
         assert w.grad.tolist() == [3.0] * 3
+
+
+def test_a_kept_array_donated_by_user_jax_code_is_made_again():
+    import jax
+    a = torch.ones(5, device="tpu")
+    jax.jit(lambda x: x * 2, donate_argnums=0)(a.jax())     # (interop: gives the array up)
+    b = torch.ones(5, device="tpu")
+    assert b.tolist() == [1.0] * 5

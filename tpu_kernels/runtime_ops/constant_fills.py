@@ -9,7 +9,9 @@ arguments, and a jax array is immutable: so the first plain-eager fill of a sign
 as before and keeps its result's array, and later fills of the same signature get a new
 tpu tensor (a storage of its own) over that array. Writing one replaces its storage's
 array, never the shared one, and a compiled program donates a storage's array only when
-nothing else holds it (``graph_program``), so the kept array is never given up.
+nothing else holds it (``graph_program``), so the kept array is never given up. (A
+user's own jitted function that donates ``t.jax()`` gives it up, for every fill sharing it
+as for ``t``: copy before donating. A kept array found deleted is made again.)
 
 Only contiguous fills of at most ``MAX_BYTES`` are kept (``MAX_FILLS`` signatures, least
 recently used first out), in plain eager only: traced, recorded or captured, a fill stays
@@ -44,7 +46,8 @@ def constant_fill(op: Any, args: tuple, kwargs: dict) -> Any:
     key = _signature(op, args, kwargs)
     if key is not None:
         kept = _KEPT.get(key)
-        if kept is not None:
+        # (deleted: a jitted function the user gave ``t.jax()`` to donated it)
+        if kept is not None and not kept[0].is_deleted():
             return wrap_known(*kept)
     out = run_call(op, args, kwargs)
     if key is not None and type(out) is TpuTensor:

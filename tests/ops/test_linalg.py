@@ -424,3 +424,37 @@ def test_a_failed_linalg_call_in_compiled_code_raises_by_the_next_sync():
     with pytest.raises(torch.linalg.LinAlgError, match="linalg.cholesky: The factorization could not"):
         cholesky(SINGULAR.to("tpu")).cpu()
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", LA_DTYPES)
+def test_ldl_factor_and_solve_match_lapack(dtype):
+    """Bunch-Kaufman LDL^T: LAPACK's own pivots and packed blocks (linalg_host.py runs
+    torch's CPU kernel from inside the program), batched, Hermitian too."""
+    a = _rand(2, 5, 5, dtype=dtype)
+    a = a + a.mT
+    b = _rand(2, 5, 3, dtype=dtype, seed=1)
+    check(torch.linalg.ldl_factor_ex, a)
+    check(lambda x: torch.linalg.ldl_factor(x)[0], a)
+    check(lambda x, y: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(x), y), a, b)
+    if dtype.is_complex:
+        h = a + a.mH
+        check(lambda x: torch.linalg.ldl_factor_ex(x, hermitian=True), h)
+        check(lambda x, y: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(x, hermitian=True), y, hermitian=True), h, b)
+
+
+def test_ldl_in_a_compiled_function_and_for_a_tpu_chip():
+    from tpu_kernels import aot
+    a = _rand(4, 4, dtype=torch.float32)
+    a, b = a + a.mT, _rand(4, 2, dtype=torch.float32, seed=1)
+    f = lambda x, y: torch.linalg.ldl_solve(*torch.linalg.ldl_factor(x), y)
+    torch.testing.assert_close(torch.compile(f, backend="tpu")(*to_tpu((a, b))).cpu(), f(a, b))
+    if aot.unavailable_reason() is not None:
+        pytest.skip(str(aot.unavailable_reason()))
+    x, y = to_tpu((a, b))
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        out = f(x, y)
+    g.replay()
+    torch.testing.assert_close(out.cpu(), f(a, b))
+    compiled = aot.compile_lowered(lambda: g.lower(aot.on_chip(g.input_specs(), "v5e")), "v5e")
+    assert compiled.summary.output_bytes > 0     # the host callback compiles for the chip

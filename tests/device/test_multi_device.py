@@ -42,8 +42,11 @@ SCRIPT = textwrap.dedent('''
         assert e.device.index == 1 and e.cpu().tolist() == d.cpu().tolist()
         f = torch.zeros(4, device="tpu:0", dtype=torch.float64); f.copy_(e * 2)   # tpu:1 -> tpu:0, cast
         assert f.device.index == 0 and f.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert torch.zeros(2, device="tpu").device.index == 0     # (kept fills: keyed by device)
         torch.tpu.set_device(1)
         assert torch.tpu.current_device() == 1 and torch.zeros(2, device="tpu").device.index == 1
+        z = torch.zeros(2, device="tpu")
+        assert z.device.index == 1 and z.jax().devices() == {jax_devices()[1]}
         torch.tpu.set_device(0)
         with torch.tpu.device(1):
             assert torch.tpu.current_device() == 1 and torch.ones(1, device="tpu").device.index == 1

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tpu_kernels import lazy
+from tpu_kernels import devices, lazy
 from tpu_kernels.dispatch import graph_trace, run_call
 from tpu_kernels.lru import LRU
 from tpu_kernels.registry import runtime_handler
@@ -66,7 +66,7 @@ def _keep(key: tuple, out: TpuTensor) -> None:
 def _signature(op: Any, args: tuple, kwargs: dict) -> tuple | None:
     """What a fill's result depends on, hashable, or None (a NaN fill, an argument of a
     kind not keyed: not kept)."""
-    key = [op, torch.get_default_dtype()]
+    key = [op, torch.get_default_dtype(), devices.current_device()]   # (where device="tpu" goes)
     for a in (*args, *kwargs.items()):
         k = _part(a)
         if k is None:

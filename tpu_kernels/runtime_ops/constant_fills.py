@@ -58,8 +58,10 @@ def constant_fill(op: Any, args: tuple, kwargs: dict) -> Any:
 def _keep(key: tuple, out: TpuTensor) -> None:
     st = out._tpu_storage
     nbytes = out.numel() * out.element_size()
-    if (0 < nbytes <= MAX_BYTES and out._tpu_direct and out.is_contiguous()
-            and type(st.array) is not lazy.Lazy and tuple(st.array.shape) == tuple(out.shape)):
+    # (one device's plain array only: a fill laid out over a mesh keeps its own layout)
+    if (0 < nbytes <= MAX_BYTES and out._tpu_direct and out.is_contiguous() and st.placement is None
+            and type(st.array) is not lazy.Lazy and tuple(st.array.shape) == tuple(out.shape)
+            and len(st.array.devices()) == 1):
         _KEPT.put(key, (st.array, tuple(out.shape), out.stride(), out.dtype, st.nbytes, st.index))
 
 

@@ -6,10 +6,11 @@ The step is ``bench/graph_modes.py``'s "tpu compiled" step (a compiled ``model.l
 ``loss.backward()``, a compiled ``opt.step``). Reported per step (medians over
 ``--steps`` steps after warm-up): wall time and the process's CPU time of the step, time
 in each compiled program's call (``GraphProgram.__call__``) and in its jitted function,
-the Python time outside them, the executables XLA ran (jitted calls, counted through
-JAX's Python path: a separate counting step with JAX's C++ fast path off) and the
-host syncs (a jax array read to the host or waited on). And, for comparison, the same
-for the hand-written JAX step (``bench/jax_gpt.py``).
+the Python time outside them, each program's executable alone and the arrays it returns
+(on a TPU host an output costs ~5x an input: ``call_anatomy.py``), the executables XLA
+ran (jitted calls, counted through JAX's Python path: a separate counting step with JAX's
+C++ fast path off) and the host syncs (a jax array read to the host or waited on). And,
+for comparison, the same for the hand-written JAX step (``bench/jax_gpt.py``).
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def _name(program: Any) -> str:
 _ids: dict[int, int] = {}
 _last: dict[str, tuple] = {}     # program -> (its jitted function, arguments of a call, donated positions)
 _keeping = [False]               # whether program calls keep their arguments in _last
+_outputs: dict[str, int] = {}    # program -> arrays its jitted function returns (exe_times)
 
 
 def _copies(args: tuple) -> tuple:
@@ -128,6 +130,7 @@ def exe_times(reps: int = 30) -> dict[str, float]:
             result = fn(*call_args)
         jax.block_until_ready(result)
         out[name] = (time.perf_counter() - t0) / reps
+        _outputs[name] = len(jax.tree.leaves(result))
     return out
 
 
@@ -208,6 +211,8 @@ def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
         f"{(med['dispatch (until the step returns)'] - programs) * 1e3:8.3f} ms")
     for k, v in exe.items():
         out(f"  {'exe alone ' + k:<44} {v * 1e3:8.3f} ms")
+    for k, n in _outputs.items():       # (an output costs ~5x an input on a TPU v5e host)
+        out(f"  {'outputs of ' + k:<44} {n:8d}")
     out(f"  {'exe alone, all programs':<44} {sum(exe.values()) * 1e3:8.3f} ms")
     for k, n in sorted(counts.items()):
         out(f"  {k:<60} x{n}")
@@ -227,6 +232,7 @@ def main() -> None:
     for mode in a.modes.split(","):
         print(f"\n{mode}, {a.size}:")
         _last.clear()
+        _outputs.clear()
         if mode == "jax jit":
             _, jstep = jax_gpt.jitted(cfg.layers, cfg.heads)
             params = jax_gpt.params_from(model)

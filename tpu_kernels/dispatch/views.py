@@ -16,7 +16,7 @@ from tpu_kernels.dispatch.devices import device_error
 from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.fast_tokens import fast_token
 from tpu_kernels.registry.dtypes import to_jax_dtype
-from tpu_kernels.storage import link
+from tpu_kernels.storage import _bitcast, link
 from tpu_kernels.tensor import TpuTensor, value, wrap, wrap_view
 
 aten = torch.ops.aten
@@ -62,11 +62,7 @@ def run_view(op, args: tuple, kwargs: dict) -> Any:
         metas = cache.VIEWS.put(key, metas)
     reinterpret = REINTERPRET.get(op)
     if reinterpret is not None:
-        forward, inverse = reinterpret
-        out = wrap(forward(value(base)))
-        view = (tuple(base.shape), base.stride(), base.storage_offset(), base.dtype, base._tpu_direct)
-        link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
-        return out
+        return _linked_copy(base, *reinterpret)
     if op is aten.view.dtype and metas.dtype.itemsize != base.dtype.itemsize:
         return _bit_view(op, base, metas.dtype)
     out = _view_like(base, metas)
@@ -88,6 +84,13 @@ def _bit_view(op: Any, base: TpuTensor, dtype: torch.dtype) -> TpuTensor:
         raise NotImplementedError(f"{op}: viewing {base.dtype} as {dtype} (different item size, "
                                   "complex) is not supported on tpu; use torch.view_as_real")
     forward, inverse = _bit_views(np.dtype(to_jax_dtype(base.dtype)), np.dtype(to_jax_dtype(dtype)))
+    return _linked_copy(base, forward, inverse, dtype)
+
+
+def _linked_copy(base: TpuTensor, forward: Callable, inverse: Callable,
+                 dtype: torch.dtype | None = None) -> TpuTensor:
+    """``forward`` of ``base``'s value in a storage of its own, kept equal to ``base``'s
+    view both ways (``storage.link``; ``inverse`` maps it back)."""
     out = wrap(forward(value(base)), dtype)
     view = (tuple(base.shape), base.stride(), base.storage_offset(), base.dtype, base._tpu_direct)
     link(base._tpu_storage, view, out._tpu_storage, forward, inverse)
@@ -102,9 +105,9 @@ def _bit_views(have: np.dtype, want: np.dtype) -> tuple[Callable, Callable]:
 
 
 def _bits_as(a: jax.Array, want: np.dtype) -> jax.Array:
-    # XLA bit-casts no bools: they travel as bytes (a byte read as bool is true where nonzero)
+    # bools travel as bytes, by the same-size bit-cast's rule (``storage._bitcast``)
     if a.dtype == np.bool_:
-        a = a.astype(np.uint8)
+        a = _bitcast(a, np.dtype(np.uint8))
     cast = np.dtype(np.uint8) if want == np.bool_ else want
     have = np.dtype(a.dtype)
     if cast.itemsize < have.itemsize:     # (..., n) -> (..., n, r) -> (..., n * r)
@@ -113,7 +116,7 @@ def _bits_as(a: jax.Array, want: np.dtype) -> jax.Array:
     else:                                 # (..., n * r) -> (..., n, r) -> (..., n)
         r = cast.itemsize // have.itemsize
         out = lax.bitcast_convert_type(a.reshape(*a.shape[:-1], a.shape[-1] // r, r), cast)
-    return out != 0 if want == np.bool_ else out
+    return _bitcast(out, want) if want == np.bool_ else out
 
 
 def _check_in_storage(base: TpuTensor, view: torch.Tensor) -> None:

@@ -79,7 +79,7 @@ def _signature(op: Any, args: tuple, kwargs: dict) -> tuple | None:
 
 def _part(a: Any) -> Any:
     t = type(a)
-    if t is TpuTensor:   # a *_like/new_* fill's input: its dtype, geometry and device count
+    if t is TpuTensor:   # a *_like/new_* fill's input: its dtype, geometry and device index
         st = a._tpu_storage
         return None if st is None else (a.dtype, a.shape, a.stride(), st.index)
     if t is float:       # -0.0 and 0.0 are equal keys, different fills; NaN equals nothing

@@ -192,10 +192,9 @@ class TPUGraph:
             if self._capturing:
                 raise RuntimeError("TPUGraph.replay() during its own capture")
             return
-        arrays = []
-        for st in self._reads:
-            a = st.array
-            arrays.append(lazy.concrete(a) if type(a) is Lazy else a)
+        # (a comprehension: a loop variable left holding the last array would count as
+        # a holder below and cost that input a copy every replay)
+        arrays = [lazy.concrete(st.array) if type(st.array) is Lazy else st.array for st in self._reads]
         for k in self._donated:
             # held by its storage, this list and getrefcount's argument only; else (a kept
             # ``.jax()``, a placeholder's value) the program gets a copy

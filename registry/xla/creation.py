@@ -120,6 +120,10 @@ def linspace(start, end, steps, **kwargs):
      "aten::logspace.Scalar_Tensor")
 def logspace(start, end, steps, base=10.0, **kwargs):
     dt = out_dtype()
+    if jnp.issubdtype(dt, jnp.integer):
+        # torch (CPU kernel and reference alike) truncates the end points to the integer
+        # dtype before spacing the exponents: logspace(2.5, 0, 2, base=2) is [4, 1]
+        start, end = jnp.asarray(start).astype(dt), jnp.asarray(end).astype(dt)
     exps = _linspace_values(start, end, steps, jnp.float64)
     return jnp.power(jnp.asarray(base).astype(jnp.float64), exps).astype(dt)
 

@@ -217,7 +217,9 @@ def _bn_eval(input, weight, bias, running_mean, running_var, eps):
     mean, invstd = running_mean.astype(acc), lax.rsqrt(running_var.astype(acc) + eps)
     y = _scale_shift(x, mean, invstd, weight, bias).astype(input.dtype)
     sdt = _stat_dtype(input, weight, bias, running_mean, running_var)
-    if out_shape(1) == (0,):
+    # no output metadata when traced without torch's meta (it raises for
+    # _batch_norm_no_update with no weight): then the [C] layout the meta gives tpu tensors
+    if output_wanted(1) and out_shape(1) == (0,):
         return y, jnp.zeros((0,), sdt), jnp.zeros((0,), sdt)
     return y, mean.astype(sdt), invstd.astype(sdt)
 
@@ -261,10 +263,16 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
     return _bn_train(input, weight, bias, eps)[:3]
 
 
-@xla("aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_no_update")
+@xla("aten::_native_batch_norm_legit_no_training")
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    reserve = (jnp.zeros((0,), jnp.uint8),) if output_wanted(3) else ()
-    return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), *reserve)
+    return _bn_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@xla("aten::_batch_norm_no_update")
+def _batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    # not _legit_no_training's impl plus a reserve "where a 4th output is wanted": torch's
+    # meta raises for a None weight/bias, and traced without it the impl must know its outputs
+    return (*_bn_eval(input, weight, bias, running_mean, running_var, eps), jnp.zeros((0,), jnp.uint8))
 
 
 @xla("aten::_batch_norm_with_update", "aten::_batch_norm_with_update_functional")

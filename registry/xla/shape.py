@@ -163,7 +163,7 @@ def unfold_backward(grad_in, input_sizes, dim, size, step):
     dim = _dim(dim, len(input_sizes))
     idx = _unfold_index(input_sizes[dim], size, step).reshape(-1)
     g = jnp.moveaxis(grad_in, dim, -2)                      # (..., n, size)
-    g = g.reshape(g.shape[:-2] + (-1,))
+    g = g.reshape(g.shape[:-2] + (idx.size,))   # not -1: a zero-size window or batch has no size to infer
     zeros = jnp.zeros(tuple(input_sizes), grad_in.dtype)
     out = jnp.moveaxis(zeros, dim, -1).at[..., idx].add(g)
     return jnp.moveaxis(out, -1, dim)

@@ -134,6 +134,17 @@ def test_batch_norm_with_update_without_weight_keeps_the_input_dtype(dtype):
     assert_same(args[3:5], targs[3:5], f"{op} running stats")
 
 
+def test_batch_norm_no_update_without_weight():
+    # torch's meta raises for a None weight/bias (backend selection); the impl is traced
+    # without it. Saved stats follow the accelerators' [C] layout (CPU: empty): y only
+    x, _, _, rm, rv = (t.detach() for t in _bn_case(False))
+    op = aten._batch_norm_no_update.default
+    args = (x, None, None, rm, rv, 0.1, 1e-5)
+    out = op(*to_tpu(args))
+    assert [tuple(t.shape) for t in out] == [tuple(x.shape), (3,), (3,), (0,)]
+    assert_same(op(*args)[0], out[0], str(op))
+
+
 def test_batch_norm_backward_ops():
     x, w, b, rm, rv = (t.detach() for t in _bn_case(True))
     g = _r(*x.shape, seed=9)

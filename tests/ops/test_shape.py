@@ -80,6 +80,9 @@ def test_backward_of_views():
     check(lambda x: x[:, 1:5:2] * 2, x, grad=True)
     check(lambda x: x[1] * 2, x, grad=True)
     check(lambda x: x.unfold(1, 3, 2) * 2, x, grad=True)
+    # a zero-size window (and an empty batch): nothing to infer a -1 reshape from
+    check(lambda x: x.unfold(1, 0, 2) * 2, x, grad=True)
+    check(lambda x: x.unfold(1, 0, 2) * 2, r(0, 3, 4, grad=True), grad=True)
 
 
 def test_scatters_into_views():
@@ -187,6 +190,14 @@ def test_eye_linspace_logspace(dtype):
     assert_same(torch.linspace(0, 1, 11), torch.linspace(0, 1, 11, device="tpu"))
     check(lambda s, e: torch.linspace(s, e, 9, dtype=dtype), torch.tensor(-2.0), torch.tensor(3.0))
     check(lambda s: torch.logspace(s, 2.0, 4, dtype=dtype), torch.tensor(-1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_logspace_integer_truncates_end_points(dtype):
+    # torch truncates start/end to the integer dtype first: logspace(2.5, 0, 2, base=2) is [4, 1]
+    check(lambda: torch.logspace(2.5, 0, 2, 2.0, dtype=dtype))
+    check(lambda s, e: torch.logspace(s, e, 33, dtype=dtype), torch.tensor(0.661), torch.tensor(0.9848))
+    check(lambda: torch.logspace(-1.7, 3.9, 5, 3.0, dtype=dtype))
 
 
 def test_tri_indices():

@@ -241,7 +241,10 @@ def _exact_grads(ref, case, cots) -> list:
     """The CPU gradients computed in float64."""
     cargs, ckw, leaves = _with_grad(*in_float64(case.build("cpu")))
     outs = [o for o in S.flat(ref(*cargs, **ckw)) if isinstance(o, torch.Tensor) and o.requires_grad]
-    grads = torch.autograd.grad(outs, leaves, [c.double() for c in cots], allow_unused=True)
+    # (a complex cotangent in complex128: ``.double()`` would drop its imaginary part, and
+    # autograd rejects the real one, so complex ops went unrefereed)
+    wide = [c.to(torch.complex128 if c.is_complex() else torch.float64) for c in cots]
+    grads = torch.autograd.grad(outs, leaves, wide, allow_unused=True)
     return [torch.zeros_like(l) if g is None else g for g, l in zip(grads, leaves)]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tpu_kernels  # noqa: F401  (registers the tpu device)
-from tpu_kernels import aot, lazy
+from tpu_kernels import aot, graph_packing, lazy
 from tpu_kernels.models import GPT, GPTConfig
 from tpu_kernels.graphs import TPUGraph
 
@@ -77,6 +77,7 @@ def test_replay_reads_memory_written_outside_and_writes_in_place():
 def test_replay_hands_written_inputs_to_the_program_without_copies(monkeypatch):
     # a written input held by nothing but its storage is donated as it is; the last one
     # read was copied at every replay (a loop variable held it), one launch a step more
+    monkeypatch.setattr(graph_packing, "MAX_MEMBER_BYTES", 0)   # each its own array
     xs = [torch.arange(4.0, device="tpu") for _ in range(3)]   # (not a kept fill)
     g = TPUGraph()
     with torch.tpu.graph(g):
@@ -92,6 +93,37 @@ def test_replay_hands_written_inputs_to_the_program_without_copies(monkeypatch):
     kept = xs[0].jax()          # a value the user holds is not given away: copied
     g.replay()
     assert len(copies) == 1 and kept.tolist() == [3.0, 4.0, 5.0, 6.0] and xs[0].tolist() == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_state_read_and_written_travels_as_one_buffer_per_dtype(monkeypatch):
+    ws = [torch.arange(4.0, device="tpu") + k for k in range(3)]
+    n = torch.zeros((), dtype=torch.int64, device="tpu")
+    big = torch.ones(2, device="tpu")
+    monkeypatch.setattr(graph_packing, "MAX_MEMBER_BYTES", 16)    # big (8 bytes) packs too
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        for w in ws:
+            w.mul_(2.0)
+        n.add_(1)
+        big.add_(ws[0][:2])
+    assert [len(p.storages) for p in g._packs] == [4]   # float32: ws and big; n alone stays
+    calls = []
+    real = graph_packing.Pack._pack_now
+    monkeypatch.setattr(graph_packing.Pack, "_pack_now", lambda self: calls.append(1) or real(self))
+    cuts = []
+    real_fill = graph_packing.Pack.fill
+    monkeypatch.setattr(graph_packing.Pack, "fill", lambda self, p: cuts.append(1) or real_fill(self, p))
+    g.replay()                  # first replay: the members' values are packed (one dispatch)
+    g.replay()                  # then the buffer goes round without being cut up
+    g.replay()
+    assert len(calls) == 1 and not cuts
+    assert ws[1].tolist() == [8.0, 16.0, 24.0, 32.0] and n.item() == 3
+    assert len(cuts) == 1       # reading one member cut them all out, once
+    assert big.tolist() == [1.0, 15.0]       # + ws[0][:2] after its doubling: 2, 4 and 8
+    ws[1].fill_(1.0)            # written between replays: the next packs the values anew
+    g.replay()
+    assert len(calls) == 2
+    assert ws[1].tolist() == [2.0] * 4 and ws[0].tolist() == [0.0, 16.0, 32.0, 48.0]
 
 
 def test_random_ops_draw_fresh_values_each_replay():

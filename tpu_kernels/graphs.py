@@ -14,7 +14,10 @@ the program to memory: an input read from a storage that existed when the captur
 is read from that storage at each replay (its value then, as a kernel reads an address);
 a storage the block left holding a recorded value gets that value at each replay (a
 parameter an optimizer updated, a ``.grad`` or a loss made in the block). Each replay is
-one jitted call on the storages' current arrays, and writes its results back.
+one jitted call on the storages' current arrays, and writes its results back; the small
+ones it both reads and writes (parameters, optimizer moments and steps) go round as one
+buffer per dtype, which nothing cuts up unless something reads them between replays
+(``graph_packing.py``: a call's host cost grows with its inputs and outputs).
 
 What a replay cannot see is fixed at capture, as with CUDA graphs:
 
@@ -44,7 +47,8 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from tpu_kernels import errors, inflight, lazy, random_state
+from tpu_kernels import errors, graph_packing, inflight, lazy, random_state
+from tpu_kernels.graph_packing import Pack
 from tpu_kernels.lazy import Lazy
 from tpu_kernels.storage import Storage
 
@@ -75,20 +79,27 @@ def _value(a: Any) -> Any:
 
 
 class _Program:
-    """The jitted replay of a captured recording: ``(keys, constants, *arrays)`` -> the
-    values written back. Each input is a storage's array, a random key (a row of
-    ``keys``), a constant or a Python number (traced in, as it was recorded)."""
+    """The jitted replay of a captured recording: ``(keys, constants, buffers, *arrays)``
+    -> (the packs' new buffers, the other values written back). Each input is a storage's
+    array or a member of a pack's buffer, a random key (a row of ``keys``), a constant or
+    a Python number (traced in, as it was recorded)."""
 
-    def __init__(self, prog: lazy.Program, sources: list, wanted: tuple, donated: tuple) -> None:
-        self.nodes, self.sources, self.wanted = prog.nodes, sources, wanted
-        self.jitted = jax.jit(self._run, donate_argnums=tuple(2 + k for k in donated))
+    def __init__(self, prog: lazy.Program, sources: list, wanted: tuple, donated: tuple,
+                 packs: list[Pack]) -> None:
+        self.nodes, self.sources, self.wanted, self.packs = prog.nodes, sources, wanted, packs
+        packed = {j for p in packs for j in p.slots}
+        self.kept = [j for j in range(len(wanted)) if j not in packed]   # results returned as they are
+        # the packs' buffers (argument 2) are consumed; so are the other reads it writes
+        self.jitted = jax.jit(self._run, donate_argnums=(2, *(3 + k for k in donated)))
 
-    def _run(self, keys: Any, constants: list, *arrays: Any) -> list:
+    def _run(self, keys: Any, constants: list, buffers: list, *arrays: Any) -> tuple:
+        cut = [p.split(b) for p, b in zip(self.packs, buffers)]
         inputs = []
         for kind, v in self.sources:
-            inputs.append(arrays[v] if kind == "storage" else keys[v] if kind == "key"
-                          else constants[v] if kind == "constant" else v)
-        return lazy.run_nodes(self.nodes, inputs, self.wanted)
+            inputs.append(arrays[v] if kind == "storage" else cut[v[0]][v[1]] if kind == "packed"
+                          else keys[v] if kind == "key" else constants[v] if kind == "constant" else v)
+        results = lazy.run_nodes(self.nodes, inputs, self.wanted)
+        return [p.join([results[j] for j in p.slots]) for p in self.packs], [results[j] for j in self.kept]
 
 
 class TPUGraph:
@@ -141,7 +152,7 @@ class TPUGraph:
             if a is not None:
                 start[id(a)] = (a, st)
         key_of = {id(k): (k, off) for k, off in keys}
-        sources, reads, constants, key_offsets = [], [], [], []
+        sources, reads, read_values, constants, key_offsets = [], [], [], [], []
         for v, aval in zip(prog.inputs, prog.input_avals):
             if aval in lazy._PACKED:
                 sources.append(("number", v))
@@ -151,24 +162,32 @@ class TPUGraph:
             elif id(v) in start and start[id(v)][0] is v:
                 sources.append(("storage", len(reads)))
                 reads.append(start[id(v)][1])
+                read_values.append(v)
             else:
                 sources.append(("constant", len(constants)))
                 constants.append(v)
         slots: dict[tuple, int] = {}
         writes = []       # (storage, index of its new value among the program's results)
+        avals = {}        # result index -> its shape and dtype
         for st in _storages():
             a = st.array
             if type(a) is Lazy and a.program is prog:
-                writes.append((st, slots.setdefault(a.slot, len(slots))))
+                j = slots.setdefault(a.slot, len(slots))
+                writes.append((st, j))
+                avals[j] = a.aval
         # a storage the block set to an array made outside the recording (a host copy):
         # each replay sets it again
         constant_writes = [(st, st.array) for st, a in before.items()
                            if st.array is not a and type(st.array) is not Lazy]
         flags = [(slots.setdefault(f.slot, len(slots)), op, checks) for f, op, checks in watched]
+        packs = graph_packing.plan(reads, read_values, writes, avals, prog.index)
+        self._all_reads = reads
+        self._unpacked_k, reads, writes, flags, sources = graph_packing.unpacked(
+            packs, reads, writes, flags, sources, len(slots))
         written = {st for st, _ in writes}
         donated = tuple(k for k, st in enumerate(reads) if st in written)
-        self._program = _Program(prog, sources, tuple(slots), donated)
-        self._index = prog.index
+        self._program = _Program(prog, sources, tuple(slots), donated, packs)
+        self._index, self._packs = prog.index, packs
         self._reads, self._writes, self._flags, self._donated = reads, writes, flags, donated
         self._constant_writes = constant_writes
         self._constants = constants
@@ -204,7 +223,11 @@ class TPUGraph:
         if len(self._key_offsets):
             seed, first = random_state.take(self._n_counters)
             keys = random_state.key_data(seed, first + self._key_offsets)
-        out = inflight.track(lazy.run_on(self._index, self._program.jitted, [keys, self._constants, *arrays]))
+        buffers = [p.take() for p in self._packs]
+        buffers, out = inflight.track(lazy.run_on(
+            self._index, self._program.jitted, [keys, self._constants, buffers, *arrays]))
+        for p, b in zip(self._packs, buffers):
+            p.publish(b)
         for st, a in self._constant_writes:
             st.array, st.version = a, st.version + 1
         for st, j in self._writes:
@@ -219,18 +242,20 @@ class TPUGraph:
         if self._program is None:
             raise RuntimeError("TPUGraph.lower(): nothing was captured")
         if arrays is None:
-            arrays = [lazy.concrete(st.array) for st in self._reads]
+            arrays = [lazy.concrete(st.array) for st in self._all_reads]
         keys = np.zeros((len(self._key_offsets), 3), np.uint32) if len(self._key_offsets) else ()
-        return self._program.jitted.lower(keys, self._constants, *arrays)
+        buffers = [graph_packing.buffer_spec(p, arrays) for p in self._packs]
+        return self._program.jitted.lower(keys, self._constants, buffers, *(arrays[k] for k in self._unpacked_k))
 
     def input_specs(self) -> list[jax.ShapeDtypeStruct]:
         """Shape and dtype of each storage the program reads, in ``lower``'s order."""
-        return [jax.ShapeDtypeStruct(st.array.shape, st.array.dtype) for st in self._reads]
+        return [jax.ShapeDtypeStruct(st.array.shape, st.array.dtype) for st in self._all_reads]
 
     def reset(self) -> None:
         """Drop the captured program (and the memory it holds)."""
         self._program = None
         self._reads, self._writes, self._flags, self._constants = [], [], [], []
+        self._all_reads, self._unpacked_k, self._packs = [], [], []
         self._constant_writes = []
 
     def pool(self) -> tuple[int, int]:

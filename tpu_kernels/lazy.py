@@ -85,6 +85,12 @@ class Program:
         self.lazies: list[weakref.ref] = []
         self.watchers: list[Callable[[bool], None]] = []   # told at the flush: compiled anew?
 
+    def fill(self, placeholder: Lazy) -> None:
+        """Give ``placeholder`` (one of this recording's) its value: run the recording.
+        (A placeholder's source may be something else with a ``fill``: a captured
+        graph's packed state, ``graph_packing.py``.)"""
+        flush()
+
     def refs(self, args: tuple) -> tuple:
         """The references of ``args``, new inputs added."""
         refs = []
@@ -291,7 +297,7 @@ def concrete(v: Any) -> Any:
     if type(v) is not Lazy:
         return v
     if v.value is None:
-        flush()
+        v.program.fill(v)
     return v.value
 
 

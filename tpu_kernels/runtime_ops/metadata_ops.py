@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 
 from tpu_kernels import strided
+from tpu_kernels.lazy import concrete
 from tpu_kernels.dispatch import run
 from tpu_kernels.dispatch.meta import meta_call
 from tpu_kernels.registry import register_runtime, runtime_handler
@@ -55,7 +56,7 @@ def resize_(op, args, kwargs):
         return repoint(self, view)
     # a bigger storage keeps the old elements first, as torch's reallocation does (views
     # taken before keep the old storage here, where in torch they would share the new one)
-    flat = st.array.reshape(-1)
+    flat = concrete(st.array).reshape(-1)   # (a placeholder: deferred, or a graph's packed state)
     grown = jnp.concatenate([flat, jnp.zeros((self.storage_offset() + need - flat.size,), flat.dtype)])
     return repoint(self, TpuTensor(Storage(grown), size, strided.contiguous_strides(size),
                                    self.storage_offset(), self.dtype))

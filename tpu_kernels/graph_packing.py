@@ -1,0 +1,155 @@
+"""Packed state for captured graphs (``graphs.py``): the storages a replay both reads and
+writes (parameters, optimizer moments and step counts) travel as one flat buffer per
+dtype instead of one array each.
+
+Why: a jit call's host cost grows with its arguments and, mostly, with its results. On
+the TPU v5e host of ``bench/call_anatomy.py`` a call costs ~110 µs, plus ~1 µs an input
+and ~5.5 µs an output; the small GPT's captured training step read 117 arrays and wrote
+148, most of them parameters, moments and step counts of a few KiB.
+
+How: the program takes one buffer per pack, cuts the members out of it (free inside
+XLA) and returns their new values joined into a new buffer, which the next replay is
+given (donated) if every member storage still holds the placeholder it was left with: a
+``lazy.Lazy`` whose source is the pack. Nothing is cut out between replays unless
+something reads a member (``.item()``, an eager op, ``state_dict()``); then one dispatch
+cuts out all of them. A member written in between (``p.data.copy_(...)``) makes the next
+replay pack the members' current values first (one dispatch).
+
+Members: single-device storages without a placement or links, read and written by the
+program with one shape and dtype, of at most ``MAX_MEMBER_BYTES`` (a larger array's
+output costs the host less than cutting it out of the buffer and joining it back costs
+the chip), two or more per dtype.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from tpu_kernels import lazy
+from tpu_kernels.lazy import Lazy
+from tpu_kernels.storage import Storage
+
+# Measured on a TPU v5e (bench/results/tpu_v5e/2026-12-05-s25.md): packing the small GPT's
+# state (members up to 64 KiB) made its replay 1.6x faster; packing the medium GPT's with
+# members up to 1 MiB (41 MB in all) made it 15% slower, the chip cutting and joining
+# tiled 2-D arrays costing more than the outputs it saved
+MAX_MEMBER_BYTES = 64 << 10
+
+
+class Pack:
+    """Storages of one dtype that a replay reads and writes through one flat buffer.
+    ``reads``/``slots``: each member's position among the program's reads and results."""
+
+    def __init__(self, storages: list[Storage], avals: list[Any], reads: list[int],
+                 slots: list[int], index: int) -> None:
+        self.storages, self.avals, self.reads, self.slots = storages, avals, reads, slots
+        self.index = index   # the tpu device (a placeholder's ``index``)
+        sizes = [math.prod(a.shape) for a in avals]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.bounds = list(zip(starts, sizes))
+        self.spec = jax.ShapeDtypeStruct((sum(sizes),), avals[0].dtype)
+        self.buffer: jax.Array | None = None      # the last replay's, until the next takes it
+        self.members: list[Lazy] = []             # the placeholders it left in the storages
+        self._join = jax.jit(lambda *values: self.join(values))
+        self._split = jax.jit(self.split)
+
+    # -- inside the program (traced values) -----------------------------------------------
+    def split(self, buffer: jax.Array) -> list[jax.Array]:
+        return [buffer[s:s + n].reshape(a.shape) for (s, n), a in zip(self.bounds, self.avals)]
+
+    def join(self, values: Sequence[jax.Array]) -> jax.Array:
+        return jnp.concatenate([jnp.ravel(v) for v in values])
+
+    # -- on the host --------------------------------------------------------------------
+    def take(self) -> jax.Array:
+        """The members' current values as one buffer, for a replay to consume (donate)."""
+        buffer = self.buffer
+        intact = buffer is not None and len(self.members) == len(self.storages) and all(
+            st.array is lz for st, lz in zip(self.storages, self.members))
+        if not intact:
+            packed = self._pack_now()    # (members still left unread are cut out first)
+            self.buffer, self.members = None, []
+            return packed
+        # a placeholder held beyond its storage gets its value before the buffer it would
+        # be cut from is given away (counted: the storage, the list, the loop's variable
+        # and getrefcount's argument)
+        if any(lz.value is None and sys.getrefcount(lz) > 4 for lz in self.members):
+            self.fill(self.members[0])
+        self.buffer, self.members = None, []
+        return buffer
+
+    def _pack_now(self) -> jax.Array:
+        values = [lazy.concrete(st.array) for st in self.storages]
+        for st, v, a in zip(self.storages, values, self.avals):
+            if (tuple(v.shape), v.dtype) != (tuple(a.shape), a.dtype):
+                raise RuntimeError(
+                    f"TPUGraph.replay(): a tensor the graph reads and writes is now {v.dtype}"
+                    f"{list(v.shape)}, captured as {a.dtype}{list(a.shape)}: capture the graph again")
+        return lazy.run_on(self.index, self._join, values)
+
+    def publish(self, buffer: jax.Array) -> None:
+        """A replay's new buffer: each member storage gets a placeholder for its slice."""
+        self.buffer = buffer
+        self.members = [Lazy(a, self, i) for i, a in enumerate(self.avals)]
+        for st, lz in zip(self.storages, self.members):
+            st.array, st.version = lz, st.version + 1
+
+    def fill(self, placeholder: Lazy) -> None:
+        """Cut every member out of the buffer (``lazy.concrete`` of a member's placeholder)."""
+        if self.buffer is None or not any(lz is placeholder for lz in self.members):
+            raise RuntimeError("internal: a packed graph value was read after its replay's "
+                               "buffer was given to the next replay")
+        for lz, value in zip(self.members, lazy.run_on(self.index, self._split, [self.buffer])):
+            if lz.value is None:
+                # (no longer tied to the pack: a storage keeping it keeps no buffer alive)
+                lz.value, lz.program = value, None
+
+
+def plan(reads: list[Storage], values: list[Any], writes: list[tuple[Storage, int]],
+         avals: dict[int, Any], index: int) -> list[Pack]:
+    """The packs of a captured program: its storages read (``values``: the arrays read)
+    and written (``writes``: (storage, result slot); ``avals``: each slot's shape and
+    dtype) that qualify."""
+    slot_of = {id(st): j for st, j in writes}
+    groups: dict[Any, list[tuple[Storage, int, int]]] = {}
+    for k, (st, v) in enumerate(zip(reads, values)):
+        j = slot_of.get(id(st))
+        if j is not None and _packable(st, v, avals[j]):
+            groups.setdefault(avals[j].dtype, []).append((st, k, j))
+    return [Pack([st for st, _, _ in g], [avals[j] for _, _, j in g], [k for _, k, _ in g],
+                 [j for _, _, j in g], index)
+            for g in groups.values() if len(g) > 1]
+
+
+def _packable(st: Storage, a: Any, aval: Any) -> bool:
+    return (isinstance(a, jax.Array) and st.placement is None and st.links is None
+            and len(a.devices()) == 1 and (tuple(a.shape), a.dtype) == (tuple(aval.shape), aval.dtype)
+            and math.prod(aval.shape) * aval.dtype.itemsize <= MAX_MEMBER_BYTES)
+
+
+def unpacked(packs: list[Pack], reads: list[Storage], writes: list[tuple[Storage, int]],
+             flags: list[tuple], sources: list[tuple], n_results: int) -> tuple:
+    """The program's plan with the packs taken out: (original positions of the reads left,
+    those reads, writes and flags re-indexed into the results left, sources with packed
+    reads as ``("packed", (pack, member))``)."""
+    member = {k: (g, i) for g, p in enumerate(packs) for i, k in enumerate(p.reads)}
+    left = [k for k in range(len(reads)) if k not in member]
+    new_k = {k: n for n, k in enumerate(left)}
+    packed_slots = {j for p in packs for j in p.slots}
+    new_j = {j: n for n, j in enumerate(j for j in range(n_results) if j not in packed_slots)}
+    sources = [("packed", member[v]) if kind == "storage" and v in member
+               else ("storage", new_k[v]) if kind == "storage" else (kind, v) for kind, v in sources]
+    writes = [(st, new_j[j]) for st, j in writes if j in new_j]
+    flags = [(new_j[j], op, checks) for j, op, checks in flags]
+    return left, [reads[k] for k in left], writes, flags, sources
+
+
+def buffer_spec(pack: Pack, arrays: Sequence[Any]) -> jax.ShapeDtypeStruct:
+    """The abstract buffer of ``pack`` for lowering on ``arrays`` (every read, in capture
+    order; abstract values placed on a chip place the buffer there too)."""
+    return jax.ShapeDtypeStruct(pack.spec.shape, pack.spec.dtype,
+                                sharding=getattr(arrays[pack.reads[0]], "sharding", None))

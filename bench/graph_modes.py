@@ -14,6 +14,9 @@ and the optimizer step. Each row: median seconds per call after warm-up, the fir
 (compile included), and the ratio to tpu eager. All numbers come from one run.
 ``--clock cpu`` times the process's CPU time (all threads, XLA's included) instead of
 wall time: on a loaded machine it is the steadier measure of the work a call costs.
+``--matmul-precision`` sets ``torch.set_float32_matmul_precision`` for the run (torch's
+default "highest" is full float32: several bf16 passes per matmul on a TPU; "medium" is
+one, JAX's own default); the JAX reference runs at the same precision.
 """
 from __future__ import annotations
 
@@ -142,7 +145,11 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    p.add_argument("--matmul-precision", choices=sorted(jax_gpt.PRECISION),
+                   default=torch.get_float32_matmul_precision())
     a = p.parse_args()
+    torch.set_float32_matmul_precision(a.matmul_precision)
+    print(f"float32 matmul precision: {a.matmul_precision} (torch and the JAX reference)")
     run(a.sizes.split(","), a.iters, a.modes.split(","), clock=a.clock)
 
 

@@ -84,16 +84,28 @@ def init_state(p: dict) -> dict[str, Any]:
             "v": jax.tree.map(jnp.zeros_like, p)}
 
 
+# torch.get_float32_matmul_precision() -> JAX's matmul precision: the tpu device follows
+# torch's setting ("highest", torch's default, is full float32: several bf16 passes on a
+# TPU's MXU), so the reference must too (JAX's own default is one bf16 pass)
+PRECISION = {"highest": "highest", "high": "high", "medium": "default"}
+
+
 def jitted(layers: int, heads: int):
-    """(forward, train_step) as jitted functions; train_step(p, state, tokens) ->
-    (loss, p, state)."""
-    fwd = jax.jit(lambda p, tokens: forward(p, tokens, layers=layers, heads=heads))
+    """(forward, train_step) as jitted functions at torch's current float32 matmul
+    precision; train_step(p, state, tokens) -> (loss, p, state)."""
+    precision = PRECISION[torch.get_float32_matmul_precision()]
+
+    @jax.jit
+    def fwd(p, tokens):
+        with jax.default_matmul_precision(precision):
+            return forward(p, tokens, layers=layers, heads=heads)
 
     # parameters and optimizer state donated, as JAX training code does (and as the tpu
     # backend donates what a compiled optimizer step writes)
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(p, state, tokens):
-        value, grads = jax.value_and_grad(loss)(p, tokens, layers=layers, heads=heads)
+        with jax.default_matmul_precision(precision):
+            value, grads = jax.value_and_grad(loss)(p, tokens, layers=layers, heads=heads)
         p, state = adamw_step(p, grads, state)
         return value, p, state
     return fwd, train_step

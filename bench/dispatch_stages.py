@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import torch
 
-from tpu_kernels import errors, tensor
+from tpu_kernels import errors, tensor, tensor_values
 from tpu_kernels.dispatch import cache
 
 _run = importlib.import_module("tpu_kernels.dispatch.run")   # the module (the package exports the function)
@@ -42,7 +42,7 @@ def median_us(fn: Callable[[], Any], n: int = 2000) -> float:
 
 def _wait(x: Any) -> None:
     if isinstance(x, tensor.TpuTensor):
-        x = tensor.value(x)
+        x = tensor_values.value(x)
     elif isinstance(x, tuple):      # lookup results hold no pending computation
         return
     jax.block_until_ready(x)
@@ -68,7 +68,7 @@ def _stages() -> dict[str, Callable[[], Any]]:
     _ = a + b
     state = _run._state(op)
     compiled, pos, _, _, single, _ = cache.FAST[_run.fast_key(state, args)]
-    dyn = [tensor.read(args[i]) for i in pos]
+    dyn = [tensor_values.read(args[i]) for i in pos]
     out = _run.execute(op, compiled, dyn, args, kw)
     ja, jb = a.jax(), b.jax()
     bare = jax.jit(lambda x, y: x + y)

@@ -8,9 +8,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from tpu_kernels.tensor import TpuTensor, value
-
-
+from tpu_kernels.tensor import TpuTensor
+from tpu_kernels.tensor_values import value
 def sync(x: Any) -> None:
     """Block until every tpu tensor (or jax array) in ``x`` is computed."""
     if isinstance(x, (list, tuple)):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tpu_kernels
-from tpu_kernels import deferred_mode, lazy
+from tpu_kernels import deferred_mode, lazy, lazy_programs
 
 
 def test_values_needed_flush_the_recording():
@@ -136,9 +136,9 @@ def test_packed_numbers_are_traced_as_python_numbers():
     import jax.numpy as jnp
 
     avals = [((4,), jnp.float32), float, int, bool]
-    program = lazy._replay([(lambda a, f, i, b: (a * f + i, jnp.logical_and(a > 0, b)), (0, 1, 2, 3))],
+    program = lazy_programs.replay([(lambda a, f, i, b: (a * f + i, jnp.logical_and(a > 0, b)), (0, 1, 2, 3))],
                            ((0, 0), (0, 1)), avals)
-    args = lazy._packed([jnp.ones(4, jnp.float32), 0.25, 3, True], avals)
+    args = lazy_programs.packed([jnp.ones(4, jnp.float32), 0.25, 3, True], avals)
     assert len(args) == 4 and [a.dtype for a in args[1:]] == [jnp.float64, jnp.int64, jnp.bool_]
     scaled, both = jax.jit(program)(*args)
     assert scaled.dtype == jnp.float32 and scaled.tolist() == [3.25] * 4

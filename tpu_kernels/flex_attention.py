@@ -44,8 +44,8 @@ from tpu_kernels.registry.xla.flex_attention import FLEX_BWD_HOP, FLEX_HOP, Flex
 from tpu_kernels import tensor as tensor_mod
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.storage import to_jax
-from tpu_kernels.tensor import TpuTensor, value, wrap
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import value
 log = logging.getLogger(__name__)
 _LN2 = math.log(2.0)
 # (HOP name, impl kind) -> calls; the latest skipped impls with their reasons

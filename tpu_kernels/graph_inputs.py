@@ -23,8 +23,8 @@ import torch
 
 from tpu_kernels import shadow, strided
 from tpu_kernels.storage import Storage, to_jax
-from tpu_kernels.tensor import TpuTensor, source as tensor_source
-
+from tpu_kernels.tensor import TpuTensor
+from tpu_kernels.tensor_values import source as tensor_source
 # dtypes packed (as their numpy type): bfloat16 and complex scalars keep their own path
 _PACKABLE = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
              torch.int32: np.int32, torch.bool: np.bool_}

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from tpu_kernels import lazy
+from tpu_kernels import lazy, lazy_programs
 from tpu_kernels.lazy import Lazy
 from tpu_kernels.storage import Storage
 
@@ -89,7 +89,7 @@ class Pack:
                 raise RuntimeError(
                     f"TPUGraph.replay(): a tensor the graph reads and writes is now {v.dtype}"
                     f"{list(v.shape)}, captured as {a.dtype}{list(a.shape)}: capture the graph again")
-        return lazy.run_on(self.index, self._join, values)
+        return lazy_programs.run_on(self.index, self._join, values)
 
     def publish(self, buffer: jax.Array) -> None:
         """A replay's new buffer: each member storage gets a placeholder for its slice."""
@@ -103,7 +103,7 @@ class Pack:
         if self.buffer is None or not any(lz is placeholder for lz in self.members):
             raise RuntimeError("internal: a packed graph value was read after its replay's "
                                "buffer was given to the next replay")
-        for lz, value in zip(self.members, lazy.run_on(self.index, self._split, [self.buffer])):
+        for lz, value in zip(self.members, lazy_programs.run_on(self.index, self._split, [self.buffer])):
             if lz.value is None:
                 # (no longer tied to the pack: a storage keeping it keeps no buffer alive)
                 lz.value, lz.program = value, None

@@ -37,8 +37,8 @@ from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, capturing, concrete
 from tpu_kernels.storage import Storage, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap_known, wrap_view, source as tensor_source
-
+from tpu_kernels.tensor import TpuTensor, wrap_known, wrap_view
+from tpu_kernels.tensor_values import read, source as tensor_source
 log = logging.getLogger(__name__)
 
 class GraphProgram:

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from tpu_kernels import errors, graph_packing, inflight, lazy, random_state
+from tpu_kernels import errors, graph_packing, inflight, lazy, lazy_programs, random_state
 from tpu_kernels.graph_packing import Pack
 from tpu_kernels.lazy import Lazy
 from tpu_kernels.storage import Storage
@@ -98,7 +98,7 @@ class _Program:
         for kind, v in self.sources:
             inputs.append(arrays[v] if kind == "storage" else cut[v[0]][v[1]] if kind == "packed"
                           else keys[v] if kind == "key" else constants[v] if kind == "constant" else v)
-        results = lazy.run_nodes(self.nodes, inputs, self.wanted)
+        results = lazy_programs.run_nodes(self.nodes, inputs, self.wanted)
         return [p.join([results[j] for j in p.slots]) for p in self.packs], [results[j] for j in self.kept]
 
 
@@ -154,7 +154,7 @@ class TPUGraph:
         key_of = {id(k): (k, off) for k, off in keys}
         sources, reads, read_values, constants, key_offsets = [], [], [], [], []
         for v, aval in zip(prog.inputs, prog.input_avals):
-            if aval in lazy._PACKED:
+            if aval in lazy_programs.PACKED:
                 sources.append(("number", v))
             elif id(v) in key_of and key_of[id(v)][0] is v:
                 sources.append(("key", len(key_offsets)))
@@ -224,7 +224,7 @@ class TPUGraph:
             seed, first = random_state.take(self._n_counters)
             keys = random_state.key_data(seed, first + self._key_offsets)
         buffers = [p.take() for p in self._packs]
-        buffers, out = inflight.track(lazy.run_on(
+        buffers, out = inflight.track(lazy_programs.run_on(
             self._index, self._program.jitted, [keys, self._constants, buffers, *arrays]))
         for p, b in zip(self._packs, buffers):
             p.publish(b)

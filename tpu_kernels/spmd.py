@@ -32,8 +32,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from tpu_kernels import inflight
 from tpu_kernels.storage import place
-from tpu_kernels.tensor import TpuTensor, value, wrap
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import value
 Spec = Sequence[str | tuple[str, ...] | None]
 
 

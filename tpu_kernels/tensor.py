@@ -1,7 +1,7 @@
 """The tpu tensor: a torch wrapper subclass over a shared ``Storage`` holding a jax.Array.
 
 Views share the storage; an in-place op writes into it and bumps its version, so every
-view sees the change. ``read`` caches a view's value per storage version. Every ATen op
+view sees the change (reading and writing values: ``tensor_values.py``). Every ATen op
 on a tpu tensor reaches ``__torch_dispatch__``, which calls the hook the dispatcher
 installs (``install_dispatch``): this layer knows nothing of routing.
 """
@@ -16,9 +16,9 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
 from tpu_kernels import errors, printing, shadow, strided
-from tpu_kernels.lazy import Lazy, concrete, recording
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
-from tpu_kernels.storage import Storage, copied as storage_copied, read_view, to_torch, write_through, write_view
+from tpu_kernels.storage import Storage, copied as storage_copied, to_torch
+from tpu_kernels.tensor_values import read, value
 
 _compiler = torch.compiler
 DEVICES = tuple(torch.device("tpu", i) for i in range(64))   # tpu:i, made once
@@ -368,64 +368,6 @@ def wrap_fast(array: jax.Array, size: tuple, dtype: torch.dtype, nbytes: int, in
     r._tpu_storage = Storage(array, index, nbytes)
     r._tpu_fk = token
     return r
-
-
-def source(t: TpuTensor) -> tuple[Storage, tuple]:
-    """(storage, (sizes, strides, offset, dtype)) of a tpu tensor that has a storage: its
-    shadow's if it has one, else read off the tensor (no shadow made: a compiled graph's
-    fresh inputs, the saved activations and gradients a backward gets, need none)."""
-    s = t.__dict__.get("_tpu_shadow")
-    if s is not None:
-        return s._tpu_source
-    return t._tpu_storage, shadow.geometry(t)
-
-
-def read(t: TpuTensor) -> jax.Array:
-    """The value of ``t``: its storage's array, or the view cut out of it. While deferred
-    mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""
-    st = t._tpu_storage
-    if t._tpu_direct:
-        return _settle(st.array)
-    cache = t._tpu_cache
-    if cache is not None and cache[0] == st.version:
-        return _settle(cache[1])
-    v = read_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
-    t._tpu_cache = (st.version, v)
-    return _settle(v)
-
-
-def storage_value(t: TpuTensor) -> jax.Array:
-    """The whole array of ``t``'s storage (``read`` for the storage, not the view)."""
-    return _settle(t._tpu_storage.array)
-
-
-def value(t: TpuTensor) -> jax.Array:
-    """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
-    if t._tpu_direct:   # ``read``'s common case without its calls (every sync makes one)
-        v = t._tpu_storage.array
-        return v if type(v) is not Lazy else concrete(v)
-    return concrete(read(t))
-
-
-def _settle(v):
-    """Outside deferred recording, a placeholder becomes its value."""
-    return v if type(v) is not Lazy or recording() else concrete(v)
-
-
-def write(t: TpuTensor, new: jax.Array) -> None:
-    """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
-    st = t._tpu_storage
-    if t._tpu_direct and st.placement is None:
-        old = st.array   # the common case (an in-place op's result): the new array as it is
-        if new.dtype == old.dtype and new.shape == old.shape:
-            st.array = new
-            st.version += 1
-            t._tpu_cache = None
-            if st.links is not None:
-                write_through(st)
-            return
-    write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
-    t._tpu_cache = None
 
 
 def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:

@@ -19,8 +19,8 @@ from tpu_kernels.dispatch.plan import op_plan
 from tpu_kernels.dispatch.results import returns
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, wrap, write
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import read, write
 _WARNED: set = set()
 _DECOMPOSING = threading.local()
 

@@ -17,9 +17,8 @@ from tpu_kernels.dispatch.overlap import check_written
 from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_dense
-from tpu_kernels.tensor import TpuTensor, read, wrap, wrap_known, write
-
-
+from tpu_kernels.tensor import TpuTensor, wrap, wrap_known
+from tpu_kernels.tensor_values import read, write
 def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     """The op's returns from the impl's output ``out``; mutated arguments written."""
     single = compiled.single_out

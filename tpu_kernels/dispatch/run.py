@@ -27,8 +27,8 @@ from tpu_kernels.registry import REGISTRY, value_checks
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.registry.route import runtime_route
 from tpu_kernels.fast_tokens import direct_token, fast_token
-from tpu_kernels.tensor import TpuTensor, read, wrap_fast
-
+from tpu_kernels.tensor import TpuTensor, wrap_fast
+from tpu_kernels.tensor_values import read
 class _OpState:
     """What the hot path keeps per op: its runtime handler (or None) and its plan, as of
     one registry epoch; ``codes``: per position, what ``fast_key`` takes there (a tensor:

@@ -11,9 +11,8 @@ from tpu_kernels.dispatch.devices import cpu_arg_allowed, device_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, OpPlan
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import to_jax, view_reader
-from tpu_kernels.tensor import TpuTensor, read, storage_value
-
-
+from tpu_kernels.tensor import TpuTensor
+from tpu_kernels.tensor_values import read, storage_value
 def freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(freeze(x) for x in v)

@@ -17,8 +17,8 @@ from tpu_kernels.dispatch.signature import freeze
 from tpu_kernels.fast_tokens import fast_token
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import _bitcast, link
-from tpu_kernels.tensor import TpuTensor, value, wrap, wrap_view
-
+from tpu_kernels.tensor import TpuTensor, wrap, wrap_view
+from tpu_kernels.tensor_values import value
 aten = torch.ops.aten
 
 # A complex <-> real view changes the item size, and conj/neg views are lazy bits torch

@@ -22,8 +22,8 @@ from tpu_kernels.distributed.groups import Group
 from tpu_kernels.distributed.handlers import (bind, expect, handler, op_group, reduce_name,
                                               tpu_tensors, work_handle)
 from tpu_kernels.distributed.work import CollectiveError, wait_ready
-from tpu_kernels.tensor import TpuTensor, value, write
-
+from tpu_kernels.tensor import TpuTensor
+from tpu_kernels.tensor_values import value, write
 c10d = torch.ops.c10d
 
 

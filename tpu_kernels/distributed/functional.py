@@ -20,8 +20,8 @@ from tpu_kernels.distributed import checks, compiled, groups, work
 from tpu_kernels.distributed.c10d_ops import all_to_all_rows
 from tpu_kernels.distributed.handlers import bind, expect, reduce_name, tpu_tensors
 from tpu_kernels.distributed.groups import Group
-from tpu_kernels.tensor import TpuTensor, read, value, wrap, write
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import read, value, write
 f = torch.ops._c10d_functional
 fa = torch.ops._c10d_functional_autograd
 

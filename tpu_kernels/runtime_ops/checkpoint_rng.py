@@ -24,8 +24,8 @@ from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 from tpu_kernels import random_state
 from tpu_kernels.dispatch import graph_trace
-from tpu_kernels.tensor import TpuTensor, value, wrap
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import value
 STATE_BYTES = torch.get_rng_state().numel()   # the state's size AOTAutograd's graph records
 _KEY_BYTES = 12
 

@@ -35,8 +35,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from tpu_kernels.dispatch import graph_trace
-from tpu_kernels.tensor import TpuTensor, read, wrap
-
+from tpu_kernels.tensor import TpuTensor, wrap
+from tpu_kernels.tensor_values import read
 _FAKE_RULE = cond_op.python_key_table[FakeTensorMode]
 
 

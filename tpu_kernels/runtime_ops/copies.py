@@ -11,9 +11,8 @@ from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_jax, to_torch
-from tpu_kernels.tensor import TpuTensor, read, value, write
-
-
+from tpu_kernels.tensor import TpuTensor
+from tpu_kernels.tensor_values import read, value, write
 @runtime_handler("aten::item")   # whole under inference mode
 # torch.tensor([t[0], t[1]]) reads each element below the Python key: the device's kernel
 @runtime_handler("aten::_local_scalar_dense", catch_at="PrivateUse1")

@@ -15,9 +15,7 @@ from tpu_kernels import errors, lazy
 from tpu_kernels.dispatch import graph_trace, run_call
 from tpu_kernels.registry import runtime_handler
 from tpu_kernels.registry.xla.linalg import linalg_error
-from tpu_kernels.tensor import value
-
-
+from tpu_kernels.tensor_values import value
 @runtime_handler("aten::_linalg_check_errors")
 def linalg_check_errors(op, args, kwargs):
     if graph_trace.active() is not None or lazy.recording():

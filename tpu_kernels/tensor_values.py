@@ -1,0 +1,73 @@
+"""A tpu tensor's value: read from its storage (a view cut out, cached per storage
+version), written back in place, and its (storage, geometry) source for compiled programs.
+Functions of ``tensor.TpuTensor`` instances; this module does not import it."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+
+from tpu_kernels import shadow
+from tpu_kernels.lazy import Lazy, concrete, recording
+from tpu_kernels.storage import Storage, read_view, write_through, write_view
+
+if TYPE_CHECKING:
+    from tpu_kernels.tensor import TpuTensor
+
+
+def source(t: TpuTensor) -> tuple[Storage, tuple]:
+    """(storage, (sizes, strides, offset, dtype)) of a tpu tensor that has a storage: its
+    shadow's if it has one, else read off the tensor (no shadow made: a compiled graph's
+    fresh inputs, the saved activations and gradients a backward gets, need none)."""
+    s = t.__dict__.get("_tpu_shadow")
+    if s is not None:
+        return s._tpu_source
+    return t._tpu_storage, shadow.geometry(t)
+
+
+def read(t: TpuTensor) -> jax.Array:
+    """The value of ``t``: its storage's array, or the view cut out of it. While deferred
+    mode records this may be a ``lazy.Lazy`` placeholder; ``value(t)`` is always concrete."""
+    st = t._tpu_storage
+    if t._tpu_direct:
+        return _settle(st.array)
+    cache = t._tpu_cache
+    if cache is not None and cache[0] == st.version:
+        return _settle(cache[1])
+    v = read_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+    t._tpu_cache = (st.version, v)
+    return _settle(v)
+
+
+def storage_value(t: TpuTensor) -> jax.Array:
+    """The whole array of ``t``'s storage (``read`` for the storage, not the view)."""
+    return _settle(t._tpu_storage.array)
+
+
+def value(t: TpuTensor) -> jax.Array:
+    """The concrete value of ``t`` (runs a pending deferred recording if needed)."""
+    if t._tpu_direct:   # ``read``'s common case without its calls (every sync makes one)
+        v = t._tpu_storage.array
+        return v if type(v) is not Lazy else concrete(v)
+    return concrete(read(t))
+
+
+def _settle(v):
+    """Outside deferred recording, a placeholder becomes its value."""
+    return v if type(v) is not Lazy or recording() else concrete(v)
+
+
+def write(t: TpuTensor, new: jax.Array) -> None:
+    """Write ``new`` (broadcast to ``t``'s shape) into ``t``'s storage, in place."""
+    st = t._tpu_storage
+    if t._tpu_direct and st.placement is None:
+        old = st.array   # the common case (an in-place op's result): the new array as it is
+        if new.dtype == old.dtype and new.shape == old.shape:
+            st.array = new
+            st.version += 1
+            t._tpu_cache = None
+            if st.links is not None:
+                write_through(st)
+            return
+    write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
+    t._tpu_cache = None

@@ -126,6 +126,48 @@ def test_state_read_and_written_travels_as_one_buffer_per_dtype(monkeypatch):
     assert ws[1].tolist() == [2.0] * 4 and ws[0].tolist() == [0.0, 16.0, 32.0, 48.0]
 
 
+def test_packed_state_reads_and_writes_between_replays_match_cpu():
+    # what a training loop does between replays: log the loss, checkpoint (state_dict
+    # reads every packed tensor), restore a checkpoint (load_state_dict writes them all)
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-2, capturable=True)
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    _step(cpu, opt_c, x, y)
+    _step(tpu, opt_t, x.to("tpu"), y.to("tpu"))
+    opt_t.zero_grad(set_to_none=True)
+    sx, sy = x.to("tpu"), y.to("tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss = _step(tpu, opt_t, sx, sy)
+    assert g._packs and len(g._packs[0].storages) >= 3 * len(list(tpu.parameters()))
+    saved = None
+    for i in range(4):
+        g.replay()
+        opt_c.zero_grad(set_to_none=True)
+        ref = _step(cpu, opt_c, x, y)
+        torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+        state = {k: v.cpu() for k, v in tpu.state_dict().items()}
+        for k, v in cpu.state_dict().items():
+            torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6)
+        if i == 1:
+            saved = (copy.deepcopy(cpu.state_dict()), copy.deepcopy(opt_c.state_dict()))
+    tpu.load_state_dict(saved[0])        # parameters written in place between replays
+    cpu.load_state_dict(saved[0])
+    opt_c.load_state_dict(saved[1])
+    for p_t, p_c in zip(tpu.parameters(), cpu.parameters()):   # the moments too
+        for key in ("exp_avg", "exp_avg_sq"):
+            opt_t.state[p_t][key].copy_(opt_c.state[p_c][key].to("tpu"))
+        opt_t.state[p_t]["step"].copy_(opt_c.state[p_c]["step"].to("tpu"))
+    g.replay()
+    opt_c.zero_grad(set_to_none=True)
+    ref = _step(cpu, opt_c, x, y)
+    torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+    for p_t, p_c in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_t.detach().cpu(), p_c.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_random_ops_draw_fresh_values_each_replay():
     torch.manual_seed(0)
     out = torch.zeros(64, device="tpu")

@@ -26,16 +26,22 @@ def _step(model, opt, x, y):
     return loss
 
 
-def test_a_captured_training_step_replays_as_cpu_steps():
+def _warmed_pair(x, y):
+    """An MLP on CPU and its copy on tpu (capturable AdamW), each one step in, so the
+    optimizer's state exists before a capture; the tpu side's grads set to None."""
     cpu = _mlp()
     tpu = copy.deepcopy(cpu).to("tpu")
     opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
     opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-2, capturable=True)
-    batches = [(torch.randn(5, 8), torch.randn(5, 4)) for _ in range(5)]
-    x, y = batches[0]
-    _step(cpu, opt_c, x, y)                           # warm-up: the optimizer's state exists
+    _step(cpu, opt_c, x, y)
     _step(tpu, opt_t, x.to("tpu"), y.to("tpu"))
     opt_t.zero_grad(set_to_none=True)
+    return cpu, tpu, opt_c, opt_t
+
+
+def test_a_captured_training_step_replays_as_cpu_steps():
+    batches = [(torch.randn(5, 8), torch.randn(5, 4)) for _ in range(5)]
+    cpu, tpu, opt_c, opt_t = _warmed_pair(*batches[0])
     sx, sy = torch.zeros(5, 8, device="tpu"), torch.zeros(5, 4, device="tpu")
     before = [p.cpu() for p in tpu.parameters()]
     g = torch.tpu.TPUGraph()
@@ -129,14 +135,8 @@ def test_state_read_and_written_travels_as_one_buffer_per_dtype(monkeypatch):
 def test_packed_state_reads_and_writes_between_replays_match_cpu():
     # what a training loop does between replays: log the loss, checkpoint (state_dict
     # reads every packed tensor), restore a checkpoint (load_state_dict writes them all)
-    cpu = _mlp()
-    tpu = copy.deepcopy(cpu).to("tpu")
-    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
-    opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-2, capturable=True)
     x, y = torch.randn(5, 8), torch.randn(5, 4)
-    _step(cpu, opt_c, x, y)
-    _step(tpu, opt_t, x.to("tpu"), y.to("tpu"))
-    opt_t.zero_grad(set_to_none=True)
+    cpu, tpu, opt_c, opt_t = _warmed_pair(x, y)
     sx, sy = x.to("tpu"), y.to("tpu")
     g = TPUGraph()
     with torch.tpu.graph(g):

@@ -134,18 +134,19 @@ def _packable(st: Storage, a: Any, aval: Any) -> bool:
 def unpacked(packs: list[Pack], reads: list[Storage], writes: list[tuple[Storage, int]],
              flags: list[tuple], sources: list[tuple], n_results: int) -> tuple:
     """The program's plan with the packs taken out: (original positions of the reads left,
-    those reads, writes and flags re-indexed into the results left, sources with packed
-    reads as ``("packed", (pack, member))``)."""
+    those reads, the results left (returned as they are), writes and flags re-indexed into
+    them, sources with packed reads as ``("packed", (pack, member))``)."""
     member = {k: (g, i) for g, p in enumerate(packs) for i, k in enumerate(p.reads)}
     left = [k for k in range(len(reads)) if k not in member]
     new_k = {k: n for n, k in enumerate(left)}
     packed_slots = {j for p in packs for j in p.slots}
-    new_j = {j: n for n, j in enumerate(j for j in range(n_results) if j not in packed_slots)}
+    kept = [j for j in range(n_results) if j not in packed_slots]
+    new_j = {j: n for n, j in enumerate(kept)}
     sources = [("packed", member[v]) if kind == "storage" and v in member
                else ("storage", new_k[v]) if kind == "storage" else (kind, v) for kind, v in sources]
     writes = [(st, new_j[j]) for st, j in writes if j in new_j]
     flags = [(new_j[j], op, checks) for j, op, checks in flags]
-    return left, [reads[k] for k in left], writes, flags, sources
+    return left, [reads[k] for k in left], kept, writes, flags, sources
 
 
 def buffer_spec(pack: Pack, arrays: Sequence[Any]) -> jax.ShapeDtypeStruct:

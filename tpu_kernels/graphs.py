@@ -85,10 +85,9 @@ class _Program:
     a Python number (traced in, as it was recorded)."""
 
     def __init__(self, prog: lazy.Program, sources: list, wanted: tuple, donated: tuple,
-                 packs: list[Pack]) -> None:
+                 packs: list[Pack], kept: list[int]) -> None:
         self.nodes, self.sources, self.wanted, self.packs = prog.nodes, sources, wanted, packs
-        packed = {j for p in packs for j in p.slots}
-        self.kept = [j for j in range(len(wanted)) if j not in packed]   # results returned as they are
+        self.kept = kept   # results returned as they are (the packs' are joined into buffers)
         # the packs' buffers (argument 2) are consumed; so are the other reads it writes
         self.jitted = jax.jit(self._run, donate_argnums=(2, *(3 + k for k in donated)))
 
@@ -182,11 +181,11 @@ class TPUGraph:
         flags = [(slots.setdefault(f.slot, len(slots)), op, checks) for f, op, checks in watched]
         packs = graph_packing.plan(reads, read_values, writes, avals, prog.index)
         self._all_reads = reads
-        self._unpacked_k, reads, writes, flags, sources = graph_packing.unpacked(
+        self._unpacked_k, reads, kept, writes, flags, sources = graph_packing.unpacked(
             packs, reads, writes, flags, sources, len(slots))
         written = {st for st, _ in writes}
         donated = tuple(k for k, st in enumerate(reads) if st in written)
-        self._program = _Program(prog, sources, tuple(slots), donated, packs)
+        self._program = _Program(prog, sources, tuple(slots), donated, packs, kept)
         self._index, self._packs = prog.index, packs
         self._reads, self._writes, self._flags, self._donated = reads, writes, flags, donated
         self._constant_writes = constant_writes

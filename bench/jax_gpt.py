@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from tpu_kernels.registry.xla._util import matmul_precision
+
 
 def params_from(model: torch.nn.Module) -> dict[str, jax.Array]:
     """The model's parameters as jax arrays, keyed by their torch names."""
@@ -84,16 +86,13 @@ def init_state(p: dict) -> dict[str, Any]:
             "v": jax.tree.map(jnp.zeros_like, p)}
 
 
-# torch.get_float32_matmul_precision() -> JAX's matmul precision: the tpu device follows
-# torch's setting ("highest", torch's default, is full float32: several bf16 passes on a
-# TPU's MXU), so the reference must too (JAX's own default is one bf16 pass)
-PRECISION = {"highest": "highest", "high": "high", "medium": "default"}
-
-
 def jitted(layers: int, heads: int):
     """(forward, train_step) as jitted functions at torch's current float32 matmul
     precision; train_step(p, state, tokens) -> (loss, p, state)."""
-    precision = PRECISION[torch.get_float32_matmul_precision()]
+    # the tpu device's matmuls follow torch's setting ("highest", torch's default, is full
+    # float32: several bf16 passes on a TPU's MXU), so the reference must too (JAX's own
+    # default is one pass); the registry's one table maps it
+    precision = matmul_precision().name.lower()
 
     @jax.jit
     def fwd(p, tokens):

@@ -39,7 +39,8 @@ UNTIL_FLUSH_MAX_NODES = 64
 
 class Lazy:
     """A value a recorded op will produce: its shape and dtype, its program until the
-    flush, and (after the flush) it."""
+    flush, and (after the flush) it. ``program`` is whatever can ``fill`` it: a
+    recording, or a captured graph's pack (``graph_packing.Pack``, ``slot`` its member)."""
     __slots__ = ("aval", "value", "program", "slot", "index", "__weakref__")
 
     def __init__(self, aval: jax.ShapeDtypeStruct, program: "Program", slot: tuple) -> None:

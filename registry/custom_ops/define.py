@@ -11,6 +11,9 @@ of the op's closing impl, or the one given), and on CPU tensors through ``refere
 ``backward`` adds autograd: ``"vjp"`` differentiates the op's closing impl (its lowest
 priority one: the XLA lowering for this library's ops), or a JAX function
 ``backward(grad, *args, **kwargs) -> grads`` (one per tensor argument, None allowed).
+``torch_backward(ctx, grad) -> grads`` instead gives the gradients in torch ops on the
+inputs (``ctx.inputs``, ``ctx.needs_input_grad``): differentiable again, and computing only
+the gradients that are needed.
 """
 from __future__ import annotations
 
@@ -67,7 +70,8 @@ def _infer_schema(signature: Callable, qualname: str) -> str:
 
 
 def declare_op(name: str, signature: Callable, *, reference: Callable | None = None, backward: Any = None,
-               fake: Callable | None = None, backward_static: tuple[str, ...] = ()) -> CustomOp:
+               fake: Callable | None = None, backward_static: tuple[str, ...] = (),
+               torch_backward: Callable | None = None) -> CustomOp:
     """Define ``name`` (``"ns::op"``) with the schema of ``signature``'s type hints.
     ``backward_static``: scalar args the backward's impl needs as values at trace time
     (as ``@tpu_kernel(static=...)`` for the op's own impls)."""
@@ -84,7 +88,10 @@ def declare_op(name: str, signature: Callable, *, reference: Callable | None = N
     torch.library.register_fake(qualname, fake or _fake_from_closing_impl(op, reference), lib=lib)
     if reference is not None:
         lib.impl(opname, reference, "CPU")
-    _register_autograd(ns, opname, op, schema, reference, backward, tuple(backward_static))
+    if torch_backward is not None:
+        torch.library.register_autograd(qualname, torch_backward, setup_context=_keep_inputs)
+    else:
+        _register_autograd(ns, opname, op, schema, reference, backward, tuple(backward_static))
     custom = CustomOp(qualname, op, reference, inspect.signature(signature), getattr(signature, "__doc__", None))
     DECLARED[qualname] = custom
     return custom
@@ -168,6 +175,10 @@ def _empty_like_tree(out: Any, device: torch.device) -> Any:
 
 
 # -- autograd ------------------------------------------------------------------------------
+def _keep_inputs(ctx, inputs, output) -> None:
+    ctx.inputs = inputs
+
+
 def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -> None:
     arg_names = [a.name for a in op._schema.arguments]
     tensor_pos = [i for i, a in enumerate(op._schema.arguments) if str(a.type) == "Tensor"

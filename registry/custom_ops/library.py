@@ -39,6 +39,38 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     materialises the logits, the XLA version does."""
 
 
+def _linear_reference(x, weight, bias=None):
+    # torch's decomposition, not F.linear: on tpu tensors that call is caught and comes back
+    # to this op (the reference differentiates a double backward the same way)
+    return torch.ops.aten.linear.default.decompose(x, weight, bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear(x [..., in], weight [out, in], bias [out])`` without flattening ``x`` to 2-D
+    (one contraction over the last dim: a flatten's reshape between a matmul and its
+    neighbours keeps XLA from fusing them on TPU)."""
+
+
+def linear_weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``sum over the leading dims of grad [..., out] (x) x [..., in]`` -> ``[out, in]``: the
+    weight's gradient of ``linear``."""
+
+
+def _linear_backward(ctx, grad):
+    x, weight, bias = (tuple(ctx.inputs) + (None,))[:3]
+    need = ctx.needs_input_grad
+    gx = LINEAR(grad, weight.t()) if need[0] else None
+    gw = LINEAR_WEIGHT_GRAD(grad, x) if need[1] else None
+    gb = grad.sum(tuple(range(grad.dim() - 1))) if len(need) > 2 and need[2] else None
+    return gx, gw, gb
+
+
+def _linear_weight_grad_backward(ctx, cot):
+    grad, x = ctx.inputs
+    need = ctx.needs_input_grad
+    return (LINEAR(x, cot) if need[0] else None), (LINEAR(grad, cot.t()) if need[1] else None)
+
+
 def _moe_grads(g, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, capacity_factor=2.0):
     dx, dw, d1, d2 = spmd_moe.moe_experts_backward(g, hidden, top_k_index, top_k_weights,
                                                   gate_up_proj, down_proj, capacity_factor)
@@ -165,6 +197,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 CROSS_ENTROPY = declare_op("tpu_kernels::cross_entropy", cross_entropy, reference=_ce_reference, backward="vjp")
 LINEAR_CROSS_ENTROPY = declare_op("tpu_kernels::linear_cross_entropy", linear_cross_entropy,
                                   reference=_lce_reference, backward="vjp")
+LINEAR = declare_op("tpu_kernels::linear", linear, reference=_linear_reference,
+                    torch_backward=_linear_backward)
+LINEAR_WEIGHT_GRAD = declare_op(
+    "tpu_kernels::linear_weight_grad", linear_weight_grad, torch_backward=_linear_weight_grad_backward,
+    reference=lambda grad, x: torch.einsum("...o,...i->oi", grad, x))
 RAGGED_DOT = declare_op("tpu_kernels::ragged_dot", ragged_dot, reference=_ragged_dot_reference, backward="vjp")
 MOE_EXPERTS = declare_op("tpu_kernels::moe_experts", moe_experts, reference=_moe_reference,
                         backward=_moe_grads, backward_static=("capacity_factor",),

@@ -1,5 +1,6 @@
 """Matmul-family lowerings: mm, bmm, mv, dot, vdot, addmm, baddbmm, addmv, addbmm, addr,
-_trilinear, _grouped_mm (and its meta, without the CUDA-only dtype rule).
+_trilinear, _grouped_mm (and its meta, without the CUDA-only dtype rule), and this
+library's N-d ``tpu_kernels::linear`` and its weight gradient.
 
 Matmuls go through ``jax.lax.dot_general``: half types accumulate in float32, integers
 in int64 (exact; torch wraps to the result dtype the same way), float32 at the precision
@@ -13,7 +14,8 @@ import torch
 
 from tpu_kernels.registry.context import out_dtype, out_shape
 from tpu_kernels.registry.context import out_dtype as _result_dtype   # (``_scaled_mm`` has an argument so named)
-from tpu_kernels.registry.decorator import xla
+from tpu_kernels.registry.custom_ops import library  # noqa: F401  (declares tpu_kernels::linear)
+from tpu_kernels.registry.decorator import tpu_kernel, xla
 from tpu_kernels.registry.xla._util import cast, float_compute, matmul_precision
 
 
@@ -88,6 +90,23 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if out.shape != out_shape():  # addmv with an empty matrix: torch gives beta * self
         out = jnp.broadcast_to(_scaled_add(self, jnp.zeros((), out.dtype), beta, alpha), out_shape())
     return out
+
+
+@tpu_kernel("tpu_kernels::linear", kind="xla")
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., in] @ weight [out, in].T + bias``, one contraction of x's last dim: its
+    leading dims stay (torch's linear flattens them, and on TPU that reshape keeps XLA from
+    fusing the matmul with a concatenation or split next to it)."""
+    _same_dtype("linear", x, weight, *(() if bias is None else (bias,)))
+    out = _dot(x, weight, ((x.ndim - 1,), (1,)))
+    return (out if bias is None else out + bias.astype(out.dtype)).astype(x.dtype)
+
+
+@tpu_kernel("tpu_kernels::linear_weight_grad", kind="xla")
+def linear_weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``grad [..., out]`` and ``x [..., in]`` contracted over every leading dim: ``[out, in]``."""
+    lead = tuple(range(grad.ndim - 1))
+    return _dot(grad, x, (lead, lead)).astype(grad.dtype)
 
 
 @xla("aten::addbmm.default")

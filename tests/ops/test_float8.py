@@ -43,10 +43,12 @@ def test_casts_from_float8_and_copies(dtype):
     _same_values(dst.cpu(), EDGES[:6].to(dtype))
 
 
+_GEN = torch.Generator().manual_seed(0)   # the rowwise scales: the same in every test order
 SCALED_MM = {
     "tensorwise bf16": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0), out_dtype=torch.bfloat16),
     "tensorwise f32": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0), out_dtype=torch.float32),
-    "rowwise": dict(scale_a=torch.rand(16, 1) + 0.5, scale_b=torch.rand(1, 32) + 0.5, out_dtype=torch.bfloat16),
+    "rowwise": dict(scale_a=torch.rand(16, 1, generator=_GEN) + 0.5, scale_b=torch.rand(1, 32, generator=_GEN) + 0.5,
+                    out_dtype=torch.bfloat16),
     "bias": dict(scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0), bias=torch.randn(32).bfloat16(),
                  out_dtype=torch.bfloat16),
     "float8 result": dict(scale_a=torch.tensor(1.0), scale_b=torch.tensor(1.0), scale_result=torch.tensor(4.0),
@@ -64,4 +66,8 @@ def test_scaled_mm_matches_cpu(case):
     got = torch._scaled_mm(a.to("tpu"), b.to("tpu"),
                            **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=0, atol=0)
+    # powers-of-two scales are exact; rowwise ones round each f32 product, and XLA sums the
+    # 48 products in another order than torch's CPU kernel: the f32 result can differ in its
+    # last bits and round to the neighbouring bf16 (seen: 1 of 512 elements, 1 ulp)
+    rtol = 2 ** -7 if case == "rowwise" else 0
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=rtol, atol=0)

@@ -16,6 +16,15 @@ not cover (probability targets, spatial [N, C, d...] inputs, integer logits) tak
 own decomposition, unchanged. The fused call first makes CPU's argument checks, in CPU's
 order and words: torch's meta functions skip its kernels' dtype checks.
 
+``F.linear`` of an input with more than two dims is CompositeImplicitAutograd as well:
+torch flattens the input to 2-D, runs ``addmm`` and views the result back, and on TPU
+that reshape between the matmul and its neighbours keeps XLA from fusing them (a split
+of the result, the concatenation of the gradients that meet at it): the whole
+small-GPT training step moves 16% more bytes that way, JAX's own step rewritten so
+included (v5e compiler figures). Caught whole, such a call (plain tpu tensors, one
+floating dtype) runs ``tpu_kernels::linear``, an N-d contraction, whose backward is the
+same op and its weight gradient; every other call takes torch's decomposition.
+
 ``F.one_hot`` is CompositeImplicitAutograd too, and for a device other than the CPU its
 decomposition (``arange == x``) checks no class value: a label past ``num_classes`` or
 below 0 gave a row of zeros, silently (CUDA fails a device-side assert). Caught whole, it
@@ -25,6 +34,9 @@ from __future__ import annotations
 
 import torch
 import torch.autograd.forward_ad as fwAD
+
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from tpu_kernels.dispatch import run_call
 from tpu_kernels.registry import runtime_handler
@@ -92,6 +104,26 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
             query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _plain(t: torch.Tensor | None) -> bool:
+    """A tpu tensor, or the fake / functional stand-in ``torch.compile`` traces with; not
+    another subclass (a DTensor's ops go through its sharding rules, which know aten ops)."""
+    return t is None or type(t) is TpuTensor or isinstance(t, (FakeTensor, FunctionalTensor))
+
+
+def _linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    dtypes = {input.dtype, weight.dtype} | (set() if bias is None else {bias.dtype})
+    if (input.dim() > 2 and weight.dim() == 2 and (bias is None or bias.dim() == 1)
+            and input.shape[-1] == weight.shape[1] and len(dtypes) == 1 and input.is_floating_point()
+            and _plain(input) and _plain(weight) and _plain(bias) and not _transformed(input, weight, bias)):
+        return torch.ops.tpu_kernels.linear(input, weight, bias)
+    return aten.linear.default.decompose(input, weight, bias)
+
+
+@runtime_handler("aten::linear", catch_at="AutogradPrivateUse1")
+def linear(op, args, kwargs):
+    return _linear(*args, **kwargs)
 
 
 @runtime_handler("aten::cross_entropy_loss", catch_at="AutogradPrivateUse1")

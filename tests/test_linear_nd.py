@@ -117,3 +117,18 @@ def test_pallas_matmul_runs_it():
         check(lambda x, w, b: F.linear(x, w, b), x, w, b, grad=True)
     for op in (LINEAR, wgrad):
         assert dispatch.op_counts().get((str(op), "pallas"), 0) > before[op], op
+
+
+def test_backward_frees_saved_inputs():
+    """The op keeps its inputs with save_for_backward: after the backward, a loss that is
+    kept (a list of losses, a captured step's result) no longer holds the activations."""
+    import weakref
+    x, w, _ = _inputs((2, 3))
+    xt, wt = x.detach().to("tpu").requires_grad_(), w.detach().to("tpu").requires_grad_()
+    hidden = F.linear(xt, wt)
+    loss = F.linear(hidden, wt[:, :5]).sum()
+    kept = weakref.ref(hidden)
+    del hidden
+    assert kept() is not None          # the graph needs it until the backward
+    loss.backward()
+    assert kept() is None

@@ -12,8 +12,10 @@ of the op's closing impl, or the one given), and on CPU tensors through ``refere
 priority one: the XLA lowering for this library's ops), or a JAX function
 ``backward(grad, *args, **kwargs) -> grads`` (one per tensor argument, None allowed).
 ``torch_backward(ctx, grad) -> grads`` instead gives the gradients in torch ops on the
-inputs (``ctx.inputs``, ``ctx.needs_input_grad``): differentiable again, and computing only
-the gradients that are needed.
+inputs (``inputs_of(ctx)``, ``ctx.needs_input_grad``): differentiable again, and computing
+only the gradients that are needed. Tensor inputs are kept with ``save_for_backward``, so
+a backward frees them as it does torch's own ops' (a loss that is kept does not keep
+the activations alive).
 """
 from __future__ import annotations
 
@@ -175,8 +177,18 @@ def _empty_like_tree(out: Any, device: torch.device) -> Any:
 
 
 # -- autograd ------------------------------------------------------------------------------
+_SAVED = object()   # in ``ctx.kept``: a tensor input, kept with save_for_backward
+
+
 def _keep_inputs(ctx, inputs, output) -> None:
-    ctx.inputs = inputs
+    ctx.save_for_backward(*(a for a in inputs if isinstance(a, torch.Tensor)))
+    ctx.kept = tuple(_SAVED if isinstance(a, torch.Tensor) else a for a in inputs)
+
+
+def inputs_of(ctx) -> tuple:
+    """The op's inputs, as ``_keep_inputs`` kept them."""
+    saved = iter(ctx.saved_tensors)
+    return tuple(next(saved) if a is _SAVED else a for a in ctx.kept)
 
 
 def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -> None:
@@ -208,17 +220,20 @@ def _register_autograd(ns, opname, op, schema, reference, backward, static=()) -
     REGISTRY.add(Impl(bop, bwd_jax, "xla", bname, None, DEFAULT_PRIORITY["xla"], static=static))
 
     def setup_context(ctx, inputs, output):
-        ctx.inputs = inputs
-        ctx.outputs = output if isinstance(output, (list, tuple)) else (output,)
+        _keep_inputs(ctx, inputs, output)
+        outs = output if isinstance(output, (list, tuple)) else (output,)
+        ctx.out_meta = [(o.shape, o.dtype, o.device) for o in outs]   # zeros for absent grads
 
     def autograd_bwd(ctx, *grads):
+        inputs = inputs_of(ctx)
         if reference is not None and torch.is_grad_enabled():
-            return _reference_grads(reference, ctx.inputs, grads[:n_out], len(arg_names), tensor_pos)
-        grads = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads[:n_out], ctx.outputs)]
-        outs = bop(grads, *ctx.inputs)
+            return _reference_grads(reference, inputs, grads[:n_out], len(arg_names), tensor_pos)
+        grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                 for g, (shape, dtype, device) in zip(grads[:n_out], ctx.out_meta)]
+        outs = bop(grads, *inputs)
         result = [None] * len(arg_names)
         for i, g in zip(tensor_pos, outs):
-            if i < len(ctx.inputs) and isinstance(ctx.inputs[i], torch.Tensor) and ctx.inputs[i].requires_grad:
+            if i < len(inputs) and isinstance(inputs[i], torch.Tensor) and ctx.needs_input_grad[i]:
                 result[i] = g
         return tuple(result)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tpu_kernels import spmd_moe
-from tpu_kernels.registry.custom_ops.define import declare_op
+from tpu_kernels.registry.custom_ops.define import declare_op, inputs_of
 
 
 def _ce_reference(logits, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
@@ -57,7 +57,7 @@ def linear_weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_backward(ctx, grad):
-    x, weight, bias = (tuple(ctx.inputs) + (None,))[:3]
+    x, weight, bias = (inputs_of(ctx) + (None,))[:3]
     need = ctx.needs_input_grad
     gx = LINEAR(grad, weight.t()) if need[0] else None
     gw = LINEAR_WEIGHT_GRAD(grad, x) if need[1] else None
@@ -66,7 +66,7 @@ def _linear_backward(ctx, grad):
 
 
 def _linear_weight_grad_backward(ctx, cot):
-    grad, x = ctx.inputs
+    grad, x = inputs_of(ctx)
     need = ctx.needs_input_grad
     return (LINEAR(x, cot) if need[0] else None), (LINEAR(grad, cot.t()) if need[1] else None)
 

@@ -168,6 +168,44 @@ def test_packed_state_reads_and_writes_between_replays_match_cpu():
         torch.testing.assert_close(p_t.detach().cpu(), p_c.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_made_in_the_step_travel_as_one_result_buffer(monkeypatch):
+    """A step with zero_grad(set_to_none) in it makes its gradients anew: written, never
+    read, they come back as one buffer per dtype; reading them between replays (a norm
+    logged eagerly, a clipping outside the step) gives CPU's values, and a read recorded
+    in deferred mode before the next replay still sees its own step's gradients."""
+    from tpu_kernels.deferred_mode import deferred
+    x, y = torch.randn(5, 8), torch.randn(5, 4)
+    cpu, tpu, opt_c, opt_t = _warmed_pair(x, y)
+    sx, sy = x.to("tpu"), y.to("tpu")
+
+    def step(model, opt, a, b):
+        opt.zero_grad(set_to_none=True)
+        return _step(model, opt, a, b)
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss = step(tpu, opt_t, sx, sy)
+    results_only = [p for p in g._packs if not p.reads]
+    packed = {id(st) for p in results_only for st in p.storages}
+    assert all(id(p.grad._tpu_storage) in packed for p in tpu.parameters())
+    cuts = []
+    real_fill = graph_packing.Pack.fill
+    monkeypatch.setattr(graph_packing.Pack, "fill", lambda self, p: cuts.append(1) or real_fill(self, p))
+    for i in range(3):
+        g.replay()
+        ref = step(cpu, opt_c, x, y)
+        torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+        if i == 1:
+            with deferred():
+                norms = [p.grad.norm() for p in tpu.parameters()]   # recorded, not run
+                g.replay()                                           # the buffer is replaced
+                ref_norms = [p.grad.norm() for p in cpu.parameters()]
+                ref = step(cpu, opt_c, x, y)
+            torch.testing.assert_close(torch.stack(norms).cpu(), torch.stack(ref_norms), rtol=1e-5, atol=1e-6)
+        for p_t, p_c in zip(tpu.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p_t.grad.cpu(), p_c.grad, rtol=1e-5, atol=1e-6)
+    assert cuts
+
+
 def test_random_ops_draw_fresh_values_each_replay():
     torch.manual_seed(0)
     out = torch.zeros(64, device="tpu")

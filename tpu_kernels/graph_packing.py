@@ -15,10 +15,15 @@ something reads a member (``.item()``, an eager op, ``state_dict()``); then one 
 cuts out all of them. A member written in between (``p.data.copy_(...)``) makes the next
 replay pack the members' current values first (one dispatch).
 
+Storages the program writes without reading them (the gradients a step with
+``zero_grad()`` in it makes anew) are packed too, in packs of their own that are
+results only: no buffer goes in, one comes out. A scalar is left out of those (a loss
+read every step would cost a cut each time).
+
 Members: single-device storages without a placement or links, read and written by the
-program with one shape and dtype, of at most ``MAX_MEMBER_BYTES`` (a larger array's
-output costs the host less than cutting it out of the buffer and joining it back costs
-the chip), two or more per dtype.
+program with one shape and dtype (or only written), of at most ``MAX_MEMBER_BYTES`` (a
+larger array's output costs the host less than cutting it out of the buffer and joining
+it back costs the chip), two or more per dtype.
 """
 from __future__ import annotations
 
@@ -93,6 +98,8 @@ class Pack:
 
     def publish(self, buffer: jax.Array) -> None:
         """A replay's new buffer: each member storage gets a placeholder for its slice."""
+        if self.members and any(lz.value is None and sys.getrefcount(lz) > 4 for lz in self.members):
+            self.fill(self.members[0])   # (a results-only pack: its old placeholders held elsewhere)
         self.buffer = buffer
         self.members = [Lazy(a, self, i) for i, a in enumerate(self.avals)]
         for st, lz in zip(self.storages, self.members):
@@ -113,21 +120,29 @@ def plan(reads: list[Storage], values: list[Any], writes: list[tuple[Storage, in
          avals: dict[int, Any], index: int) -> list[Pack]:
     """The packs of a captured program: its storages read (``values``: the arrays read)
     and written (``writes``: (storage, result slot); ``avals``: each slot's shape and
-    dtype) that qualify."""
+    dtype) that qualify; the packs with reads first, then the results-only ones."""
     slot_of = {id(st): j for st, j in writes}
+    read_ids = {id(st) for st in reads}
     groups: dict[Any, list[tuple[Storage, int, int]]] = {}
     for k, (st, v) in enumerate(zip(reads, values)):
         j = slot_of.get(id(st))
-        if j is not None and _packable(st, v, avals[j]):
+        if j is not None and _packable(st, avals[j], v):
             groups.setdefault(avals[j].dtype, []).append((st, k, j))
-    return [Pack([st for st, _, _ in g], [avals[j] for _, _, j in g], [k for _, k, _ in g],
+    results_only: dict[Any, list[tuple[Storage, int, int]]] = {}
+    for st, j in writes:
+        if id(st) not in read_ids and avals[j].shape and _packable(st, avals[j]):
+            results_only.setdefault(avals[j].dtype, []).append((st, -1, j))
+    return [Pack([st for st, _, _ in g], [avals[j] for _, _, j in g], [k for _, k, _ in g if k >= 0],
                  [j for _, _, j in g], index)
-            for g in groups.values() if len(g) > 1]
+            for g in [*groups.values(), *results_only.values()] if len(g) > 1]
 
 
-def _packable(st: Storage, a: Any, aval: Any) -> bool:
-    return (isinstance(a, jax.Array) and st.placement is None and st.links is None
-            and len(a.devices()) == 1 and (tuple(a.shape), a.dtype) == (tuple(aval.shape), aval.dtype)
+def _packable(st: Storage, aval: Any, a: Any = None) -> bool:
+    """``a``: the array a read member holds now (None for a storage only written)."""
+    if a is not None and not (isinstance(a, jax.Array) and len(a.devices()) == 1
+                              and (tuple(a.shape), a.dtype) == (tuple(aval.shape), aval.dtype)):
+        return False
+    return (st.placement is None and st.links is None
             and math.prod(aval.shape) * aval.dtype.itemsize <= MAX_MEMBER_BYTES)
 
 
@@ -147,6 +162,11 @@ def unpacked(packs: list[Pack], reads: list[Storage], writes: list[tuple[Storage
     writes = [(st, new_j[j]) for st, j in writes if j in new_j]
     flags = [(new_j[j], op, checks) for j, op, checks in flags]
     return left, [reads[k] for k in left], kept, writes, flags, sources
+
+
+def reading(packs: list[Pack]) -> list[Pack]:
+    """The packs whose buffer the program takes (``plan`` puts them first)."""
+    return [p for p in packs if p.reads]
 
 
 def buffer_spec(pack: Pack, arrays: Sequence[Any]) -> jax.ShapeDtypeStruct:

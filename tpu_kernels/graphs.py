@@ -92,7 +92,7 @@ class _Program:
         self.jitted = jax.jit(self._run, donate_argnums=(2, *(3 + k for k in donated)))
 
     def _run(self, keys: Any, constants: list, buffers: list, *arrays: Any) -> tuple:
-        cut = [p.split(b) for p, b in zip(self.packs, buffers)]
+        cut = [p.split(b) for p, b in zip(graph_packing.reading(self.packs), buffers)]
         inputs = []
         for kind, v in self.sources:
             inputs.append(arrays[v] if kind == "storage" else cut[v[0]][v[1]] if kind == "packed"
@@ -222,7 +222,7 @@ class TPUGraph:
         if len(self._key_offsets):
             seed, first = random_state.take(self._n_counters)
             keys = random_state.key_data(seed, first + self._key_offsets)
-        buffers = [p.take() for p in self._packs]
+        buffers = [p.take() for p in graph_packing.reading(self._packs)]
         buffers, out = inflight.track(lazy_programs.run_on(
             self._index, self._program.jitted, [keys, self._constants, buffers, *arrays]))
         for p, b in zip(self._packs, buffers):
@@ -243,7 +243,7 @@ class TPUGraph:
         if arrays is None:
             arrays = [lazy.concrete(st.array) for st in self._all_reads]
         keys = np.zeros((len(self._key_offsets), 3), np.uint32) if len(self._key_offsets) else ()
-        buffers = [graph_packing.buffer_spec(p, arrays) for p in self._packs]
+        buffers = [graph_packing.buffer_spec(p, arrays) for p in graph_packing.reading(self._packs)]
         return self._program.jitted.lower(keys, self._constants, buffers, *(arrays[k] for k in self._unpacked_k))
 
     def input_specs(self) -> list[jax.ShapeDtypeStruct]:

@@ -62,12 +62,15 @@ _P, _H = "tpu_kernels.pallas", "tpu_kernels.helion_kernels"
 _B, _D = "tpu_kernels.registry.bindings", "tpu_kernels.bench.defs"
 
 KERNELS: tuple[Kernel, ...] = (
-    Kernel("matmul", "pallas", f"{_P}.matmul", f"{_B}.matmul", ("aten::mm", "aten::addmm", "aten::bmm"),
+    Kernel("matmul", "pallas", f"{_P}.matmul", f"{_B}.matmul",
+           ("aten::mm", "aten::addmm", "aten::bmm", "tpu_kernels::linear", "tpu_kernels::linear_weight_grad"),
            f"{_D}.matmul", ("mm", "bmm", "addmm"), "tests/kernels/test_matmul_kernel.py",
            f"{_P}.reference.matmul",
            {"aten::mm": lambda: (_randn(33, 70), _randn(70, 129, seed=1)),
             "aten::addmm": lambda: (_randn(129), _randn(33, 70, seed=1), _randn(70, 129, seed=2)),
-            "aten::bmm": lambda: (_randn(2, 9, 16), _randn(2, 16, 130, seed=1))}),
+            "aten::bmm": lambda: (_randn(2, 9, 16), _randn(2, 16, 130, seed=1)),
+            "tpu_kernels::linear": lambda: (_randn(2, 5, 70), _randn(129, 70, seed=1), _randn(129, seed=2)),
+            "tpu_kernels::linear_weight_grad": lambda: (_randn(2, 5, 129), _randn(2, 5, 70, seed=1))}),
     Kernel("embedding", "pallas", f"{_P}.embedding", f"{_B}.embedding",
            ("aten::embedding", "aten::embedding_dense_backward"), f"{_D}.embedding",
            ("embedding", "embedding_dense_backward"), "tests/kernels/test_embedding_kernel.py",

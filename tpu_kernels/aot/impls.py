@@ -67,6 +67,8 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "aten::mm": lambda: ((_t(N, H), _t(H, FFN)), {}),
     "aten::addmm": lambda: ((_t(FFN), _t(N, H), _t(H, FFN)), {}),
     "aten::bmm": lambda: ((_t(32, 4096, 128), _t(32, 128, 4096)), {}),
+    "tpu_kernels::linear": lambda: ((_t(4, N // 4, H), _t(FFN, H), _t(FFN)), {}),
+    "tpu_kernels::linear_weight_grad": lambda: ((_t(4, N // 4, FFN), _t(4, N // 4, H)), {}),
     "aten::_scaled_dot_product_flash_attention_for_cpu": _attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attention_backward,
     "tpu_kernels::flash_attention": lambda: _packed_attention(False),

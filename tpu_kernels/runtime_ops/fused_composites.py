@@ -19,9 +19,9 @@ order and words: torch's meta functions skip its kernels' dtype checks.
 ``F.linear`` of an input with more than two dims is CompositeImplicitAutograd as well:
 torch flattens the input to 2-D, runs ``addmm`` and views the result back, and on TPU
 that reshape between the matmul and its neighbours keeps XLA from fusing them (a split
-of the result, the concatenation of the gradients that meet at it): the whole
-small-GPT training step moves 16% more bytes that way, JAX's own step rewritten so
-included (v5e compiler figures). Caught whole, such a call (plain tpu tensors, one
+of the result, the concatenation of the gradients that meet at it): JAX's own medium-GPT
+training step, rewritten with flattening linears, moves 16% more bytes (v5e compiler
+figures). Caught whole, such a call (plain tpu tensors, one
 floating dtype) runs ``tpu_kernels::linear``, an N-d contraction, whose backward is the
 same op and its weight gradient; every other call takes torch's decomposition.
 

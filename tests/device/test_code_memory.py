@@ -72,7 +72,7 @@ _NEAR_THE_LIMIT = r"""
 import mmap, sys
 import torch, tpu_kernels
 from tpu_kernels import code_memory
-cap, margin = code_memory.limit(), 2500
+cap, margin = code_memory.limit(), int(sys.argv[2])
 # the mark just past where the process starts, a check every 64 executables (~300 mappings)
 code_memory.HIGH, code_memory.CHECK_EVERY = (cap - margin + 300) / cap, 64
 keep = []
@@ -86,10 +86,10 @@ print(code_memory.STATE.reliefs, code_memory.mappings(), cap)
 
 
 def test_a_process_near_the_limit_keeps_compiling():
-    """Without the guard, the executables of 300 shapes (3-6 mappings each) overrun the
-    2,500 mappings left, and XLA segfaults ("LLVM compilation error: Cannot allocate
+    """Without the guard, the executables of 150 shapes (3-6 mappings each) overrun the
+    1,250 mappings left, and XLA segfaults ("LLVM compilation error: Cannot allocate
     memory"); with it, the caches empty as the mark is passed and every op runs."""
-    p = subprocess.run([sys.executable, "-c", _NEAR_THE_LIMIT, "300"], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _NEAR_THE_LIMIT, "150", "1250"], capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     reliefs, now, cap = map(int, p.stdout.split())

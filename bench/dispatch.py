@@ -17,7 +17,8 @@ Rows (every ratio is a cost ratio: lower is better, and all come from this one r
 Timings alternate between the sides of a ratio call by call and take the median of
 every call, so a busy machine slows both sides alike; each row also gives the ratio of
 process CPU time (``cpu``), steadier than wall time when the machine is loaded. ``--compare OLD.json`` flags
-ratios more than 10% worse than the old run's and exits 1 if any is.
+ratios more than 10% worse than the old run's and exits 1 if any is, with a note when the old run
+was on another machine (``machine.py``: its CPU, cores and backend are recorded).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import jax
 import torch
 import torch.nn.functional as F
 
-from tpu_kernels.bench import dispatch_stages
+from tpu_kernels.bench import dispatch_stages, machine
 from tpu_kernels.bench.timing import sync
 from tpu_kernels.deferred_mode import deferred
 from tpu_kernels.dispatch import cache as dispatch_cache
@@ -273,7 +274,7 @@ def run(quick: bool = False, first: bool = False, out: Callable[[str], None] = p
     rounds, iters = (2, 5) if quick else (5, 20)
     out(f"{'case':<44} {'ratio':<15} {'numerator':>13} {'denominator':>13} {'ratio':>7} {'cpu':>7}")
     result: dict[str, Any] = {"format": FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                              "rows": eager_rows(rounds, iters, out)}
+                              "machine": machine.describe(), "rows": eager_rows(rounds, iters, out)}
     result["rows"] += deferred_rows(rounds, max(iters // 4, 3), out)
     result["stages_us"] = dispatch_stages.stage_split(n=200 if quick else 2000, rounds=1 if quick else 3)
     result["stages_thread_us"] = dispatch_stages.thread_split(n=200 if quick else 1000, rounds=3 if quick else 7)
@@ -302,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=1)
     if args.compare:
         with open(args.compare) as f:
-            flagged = compare(result, json.load(f))
-        for line in flagged:
+            old = json.load(f)
+        flagged = compare(result, old)
+        note = machine.mismatch(result.get("machine"), old.get("machine"))
+        for line in flagged + ([note] if flagged and note else []):
             print(line)
         return 1 if flagged else 0
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tpu_kernels.bench import dispatch, dispatch_stages
+from tpu_kernels.bench import dispatch, dispatch_stages, machine
 
 
 def _run(*ratios: float) -> dict:
@@ -46,3 +46,17 @@ def test_thread_split_has_the_same_stages():
     cpu = dispatch_stages.thread_split(n=20, rounds=1)
     assert set(cpu) == set(wall)
     assert cpu["whole op (a + b)"] > 0.0 and all(v >= 0.0 for v in cpu.values())
+
+
+def test_compare_notes_another_machine(tmp_path, monkeypatch, capsys):
+    here = machine.describe()
+    assert here["cores"] and here["cpu"] and here["backend"] == "cpu"
+    assert machine.mismatch(here, dict(here)) is None
+    assert "cpu 'other' ->" in machine.mismatch(here, dict(here, cpu="other"))
+    assert "records no machine" in machine.mismatch(here, None)
+    monkeypatch.setattr(dispatch, "run", lambda quick, first: dict(_run(3.0, 0.6, 1.0), machine=here))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(dict(_run(2.0, 0.6, 1.0), machine=dict(here, cores=64))))
+    assert dispatch.main(["--compare", str(old)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("SLOWER: add 64x64") and "cores 64 ->" in lines[1]

@@ -36,10 +36,10 @@ def mismatch(new: dict[str, Any] | None, old: dict[str, Any] | None) -> str | No
     """A note when ``old`` (an earlier run's ``describe()``, None if it kept none) may
     come from another machine than ``new``; None when they match."""
     if not old:
-        return ("note: the earlier run records no machine; if it ran elsewhere, flagged ratios "
-                "may be the machines' difference")
+        return ("note: the earlier run records no machine; if it ran elsewhere, the comparison "
+                "measures the machines as well")
     diff = [f"{k} {old.get(k)!r} -> {(new or {}).get(k)!r}" for k in FIELDS if old.get(k) != (new or {}).get(k)]
     if not diff:
         return None
-    return ("note: the earlier run was on another machine (" + "; ".join(diff) + "): flagged ratios "
-            "may be the machines' difference; compare runs from one machine")
+    return ("note: the earlier run was on another machine (" + "; ".join(diff) + "): the comparison "
+            "measures the machines as well; compare runs from one machine")

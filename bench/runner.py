@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from tpu_kernels import registry
 from tpu_kernels.aot import cost_plot
-from tpu_kernels.bench import cost_columns, peaks, report
+from tpu_kernels.bench import cost_columns, machine, peaks, report
 from tpu_kernels.bench.spec import Case, KernelBench
 from tpu_kernels.bench.correctness import check_outputs
 from tpu_kernels.bench.timing import measure_call, outputs, sync_all
@@ -296,7 +296,7 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         "format": FORMAT,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-        "jax": _jax_version(), "device": peaks.device_description(),
+        "jax": _jax_version(), "device": peaks.device_description(), "machine": machine.describe(),
         "device_peak": device_peak.as_dict(), "cpu_peak": cpu_peak.as_dict(),
         "note": HEADER_NOTE,
         "options": {"kernel": kernel, "shape": shape, "dtype": dtype, "impl": impl,
@@ -306,6 +306,9 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
     previous = report.load(compare) if compare else None
     for line in report.header(run_info):
         out(line)
+    note = machine.mismatch(run_info["machine"], previous.get("machine")) if previous is not None else None
+    if note:
+        out(note)
     out(report.table_header(compare=previous is not None))
     start = time.perf_counter()
     for i, (b, c) in enumerate(pairs):

@@ -62,6 +62,14 @@ def test_compare_against_earlier_run(quick_run, tmp_path):
     timed = [r for r in again["results"] if r["status"] == "ok"]
     assert timed and all(r["compare_ratio"] > 0 for r in timed)
     assert any(line.startswith("vs earlier run") for line in lines)
+    assert not any("another machine" in line or "records no machine" in line for line in lines)   # the same one
+    elsewhere = json.loads((d / "bench.json").read_text())
+    elsewhere["machine"]["cores"] = 96
+    (tmp_path / "elsewhere.json").write_text(json.dumps(elsewhere))
+    lines.clear()
+    runner.run(kernel="mm", shape="m128", quick=True, json_path=None, plots=None,
+               compare=str(tmp_path / "elsewhere.json"), out=lines.append, progress=lambda m: None)
+    assert any(line.startswith("note: the earlier run was on another machine (cores 96 ->") for line in lines)
 
 
 def test_flop_and_byte_formulas_hand_counts():

@@ -13,10 +13,10 @@ its forward and ``.sum().backward()``, and the small GPT's (``models.GPT``) forw
 the cross-entropy loss inside the compiled function and ``.backward()``.
 ``--clock cpu`` (the default) times the calling thread's CPU time: the Python and
 dispatch work each path does, steady on a loaded machine (the executables' own run on
-XLA's threads is left out). A backward runs on autograd's thread for the tpu device,
-not the caller's, so for the fwd+bwd cases ``cpu`` leaves the backward's wrappers out:
-``--clock process`` times the whole process's CPU time (XLA's threads included, the
-same work on both paths), ``--clock wall`` wall time.
+XLA's threads is left out). A backward of tpu tensors runs on the calling thread
+(``device.py`` turns the engine's multithreading off for it), so ``cpu`` includes the
+backward's wrappers; ``--clock process`` times the whole process's CPU time
+(XLA's threads included, the same work on both paths), ``--clock wall`` wall time.
 """
 from __future__ import annotations
 

@@ -169,6 +169,23 @@ def test_packed_state_reads_and_writes_between_replays_match_cpu():
         torch.testing.assert_close(p_t.detach().cpu(), p_c.detach(), rtol=1e-5, atol=1e-6)
 
 
+def _fresh_grads_step(model, opt, x, y):
+    """``_step`` with ``zero_grad(set_to_none=True)`` in it: the step makes its gradients anew."""
+    opt.zero_grad(set_to_none=True)
+    return _step(model, opt, x, y)
+
+
+def _captured_fresh_grads_step(x, y):
+    """``_warmed_pair`` and ``_fresh_grads_step`` of its tpu side captured on (x, y):
+    (cpu, tpu, opt_c, the tpu input x, the graph, the captured loss)."""
+    cpu, tpu, opt_c, opt_t = _warmed_pair(x, y)
+    sx, sy = x.to("tpu"), y.to("tpu")
+    g = TPUGraph()
+    with torch.tpu.graph(g):
+        loss = _fresh_grads_step(tpu, opt_t, sx, sy)
+    return cpu, tpu, opt_c, sx, g, loss
+
+
 def test_gradients_made_in_the_step_travel_as_one_result_buffer(monkeypatch):
     """A step with zero_grad(set_to_none) in it makes its gradients anew: written, never
     read, they come back as one buffer per dtype; reading them between replays (a norm
@@ -176,15 +193,7 @@ def test_gradients_made_in_the_step_travel_as_one_result_buffer(monkeypatch):
     in deferred mode before the next replay still sees its own step's gradients."""
     from tpu_kernels.deferred_mode import deferred
     x, y = torch.randn(5, 8), torch.randn(5, 4)
-    cpu, tpu, opt_c, opt_t = _warmed_pair(x, y)
-    sx, sy = x.to("tpu"), y.to("tpu")
-
-    def step(model, opt, a, b):
-        opt.zero_grad(set_to_none=True)
-        return _step(model, opt, a, b)
-    g = TPUGraph()
-    with torch.tpu.graph(g):
-        loss = step(tpu, opt_t, sx, sy)
+    cpu, tpu, opt_c, _, g, loss = _captured_fresh_grads_step(x, y)
     results_only = [p for p in g._packs if not p.reads]
     packed = {id(st) for p in results_only for st in p.storages}
     assert all(id(p.grad._tpu_storage) in packed for p in tpu.parameters())
@@ -193,14 +202,14 @@ def test_gradients_made_in_the_step_travel_as_one_result_buffer(monkeypatch):
     monkeypatch.setattr(graph_packing.Pack, "fill", lambda self, p: cuts.append(1) or real_fill(self, p))
     for i in range(3):
         g.replay()
-        ref = step(cpu, opt_c, x, y)
+        ref = _fresh_grads_step(cpu, opt_c, x, y)
         torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
         if i == 1:
             with deferred():
                 norms = [p.grad.norm() for p in tpu.parameters()]   # recorded, not run
                 g.replay()                                           # the buffer is replaced
                 ref_norms = [p.grad.norm() for p in cpu.parameters()]
-                ref = step(cpu, opt_c, x, y)
+                ref = _fresh_grads_step(cpu, opt_c, x, y)
             torch.testing.assert_close(torch.stack(norms).cpu(), torch.stack(ref_norms), rtol=1e-5, atol=1e-6)
         for p_t, p_c in zip(tpu.parameters(), cpu.parameters()):
             torch.testing.assert_close(p_t.grad.cpu(), p_c.grad, rtol=1e-5, atol=1e-6)
@@ -212,24 +221,16 @@ def test_a_gradient_placeholder_held_past_the_next_replay_keeps_its_step():
     the runtime, any holder that has not read it yet) is cut out of its own replay's
     buffer when the next replay publishes a new one, so it still reads its own step."""
     x, y = torch.randn(5, 8), torch.randn(5, 4)
-    cpu, tpu, opt_c, opt_t = _warmed_pair(x, y)
-    sx, sy = x.to("tpu"), y.to("tpu")
-
-    def step(model, opt, a, b):
-        opt.zero_grad(set_to_none=True)
-        return _step(model, opt, a, b)
-    g = TPUGraph()
-    with torch.tpu.graph(g):
-        step(tpu, opt_t, sx, sy)
+    cpu, tpu, opt_c, sx, g, _ = _captured_fresh_grads_step(x, y)
     g.replay()
-    step(cpu, opt_c, x, y)
+    _fresh_grads_step(cpu, opt_c, x, y)
     w = next(tpu.parameters())
     held = w.grad._tpu_storage.array
     assert isinstance(held, lazy.Lazy) and held.value is None   # not cut out yet
     first = next(cpu.parameters()).grad.clone()
     sx.mul_(2)                                                  # the next step differs
     g.replay()
-    step(cpu, opt_c, x * 2, y)
+    _fresh_grads_step(cpu, opt_c, x * 2, y)
     assert w.grad._tpu_storage.array is not held
     torch.testing.assert_close(torch.tensor(np.array(lazy.concrete(held))), first,
                                rtol=1e-5, atol=1e-6)

@@ -274,7 +274,7 @@ def run(quick: bool = False, first: bool = False, out: Callable[[str], None] = p
     rounds, iters = (2, 5) if quick else (5, 20)
     out(f"{'case':<44} {'ratio':<15} {'numerator':>13} {'denominator':>13} {'ratio':>7} {'cpu':>7}")
     result: dict[str, Any] = {"format": FORMAT, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                              "machine": machine.describe(), "rows": eager_rows(rounds, iters, out)}
+                              **machine.describe(), "rows": eager_rows(rounds, iters, out)}
     result["rows"] += deferred_rows(rounds, max(iters // 4, 3), out)
     result["stages_us"] = dispatch_stages.stage_split(n=200 if quick else 2000, rounds=1 if quick else 3)
     result["stages_thread_us"] = dispatch_stages.thread_split(n=200 if quick else 1000, rounds=3 if quick else 7)
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.compare) as f:
             old = json.load(f)
         flagged = compare(result, old)
-        note = machine.mismatch(result.get("machine"), old.get("machine"))
+        note = machine.mismatch(result, old)
         for line in flagged + ([note] if flagged and note else []):
             print(line)
         return 1 if flagged else 0

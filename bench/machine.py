@@ -32,13 +32,14 @@ def describe() -> dict[str, Any]:
             "torch": torch.__version__, "jax": jax.__version__}
 
 
-def mismatch(new: dict[str, Any] | None, old: dict[str, Any] | None) -> str | None:
-    """A note when ``old`` (an earlier run's ``describe()``, None if it kept none) may
-    come from another machine than ``new``; None when they match."""
-    if not old:
+def mismatch(new: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """A note when the run ``old`` may come from another machine than the run ``new``
+    (each a results dict holding ``describe()``'s keys; an older file may lack them);
+    None when they match."""
+    if not any(k in old for k in FIELDS):
         return ("note: the earlier run records no machine; if it ran elsewhere, the comparison "
                 "measures the machines as well")
-    diff = [f"{k} {old.get(k)!r} -> {(new or {}).get(k)!r}" for k in FIELDS if old.get(k) != (new or {}).get(k)]
+    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in FIELDS if old.get(k) != new.get(k)]
     if not diff:
         return None
     return ("note: the earlier run was on another machine (" + "; ".join(diff) + "): the comparison "

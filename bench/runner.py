@@ -19,12 +19,10 @@ import datetime
 import importlib
 import json
 import os
-import platform
 import sys
 import time
 from typing import Any, Callable, Iterable
 
-import jax
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -295,8 +293,7 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
     run_info = {
         "format": FORMAT,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-        "jax": _jax_version(), "device": peaks.device_description(), "machine": machine.describe(),
+        **machine.describe(), "device": peaks.device_description(),
         "device_peak": device_peak.as_dict(), "cpu_peak": cpu_peak.as_dict(),
         "note": HEADER_NOTE,
         "options": {"kernel": kernel, "shape": shape, "dtype": dtype, "impl": impl,
@@ -306,7 +303,7 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
     previous = report.load(compare) if compare else None
     for line in report.header(run_info):
         out(line)
-    note = machine.mismatch(run_info["machine"], previous.get("machine")) if previous is not None else None
+    note = machine.mismatch(run_info, previous) if previous is not None else None
     if note:
         out(note)
     out(report.table_header(compare=previous is not None))
@@ -342,10 +339,6 @@ def run(*, kernel: str | None = None, shape: str | None = None, dtype: str | Non
         files = report.plot(run_info, plots)
         out(f"plots: {', '.join(files)}" if files else "plots: nothing to plot")
     return run_info
-
-
-def _jax_version() -> str:
-    return jax.__version__
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

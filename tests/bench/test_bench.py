@@ -64,7 +64,7 @@ def test_compare_against_earlier_run(quick_run, tmp_path):
     assert any(line.startswith("vs earlier run") for line in lines)
     assert not any("another machine" in line or "records no machine" in line for line in lines)   # the same one
     elsewhere = json.loads((d / "bench.json").read_text())
-    elsewhere["machine"]["cores"] = 96
+    elsewhere["cores"] = 96
     (tmp_path / "elsewhere.json").write_text(json.dumps(elsewhere))
     lines.clear()
     runner.run(kernel="mm", shape="m128", quick=True, json_path=None, plots=None,

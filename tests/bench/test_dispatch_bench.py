@@ -53,10 +53,10 @@ def test_compare_notes_another_machine(tmp_path, monkeypatch, capsys):
     assert here["cores"] and here["cpu"] and here["backend"] == "cpu"
     assert machine.mismatch(here, dict(here)) is None
     assert "cpu 'other' ->" in machine.mismatch(here, dict(here, cpu="other"))
-    assert "records no machine" in machine.mismatch(here, None)
-    monkeypatch.setattr(dispatch, "run", lambda quick, first: dict(_run(3.0, 0.6, 1.0), machine=here))
+    assert "records no machine" in machine.mismatch(here, _run(2.0))
+    monkeypatch.setattr(dispatch, "run", lambda quick, first: dict(_run(3.0, 0.6, 1.0), **here))
     old = tmp_path / "old.json"
-    old.write_text(json.dumps(dict(_run(2.0, 0.6, 1.0), machine=dict(here, cores=64))))
+    old.write_text(json.dumps(dict(_run(2.0, 0.6, 1.0), **dict(here, cores=64))))
     assert dispatch.main(["--compare", str(old)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("SLOWER: add 64x64") and "cores 64 ->" in lines[1]

@@ -21,10 +21,18 @@ times, in µs per call (best of several rounds of ``--calls`` calls, the last re
 - ``jit``: the program's ``jax.jit`` call alone (statics, key, storages); ``program - jit``
   is argument flattening, the key and results;
 - ``exe``: the compiled XLA executable called directly: the program's own run time;
+- ``exe-idle``: the executable called 50 µs after its previous call returned (a busy wait
+  in between, not counted): what a call costs once XLA's CPU worker threads have gone to
+  sleep and must be woken, as inside a compiled frame, where calls are tens of µs apart.
+  On a 2-core machine a bare jit add costs ~8 µs within 10 µs of the last call and
+  ~22-26 µs from 50 µs on (``jax_cpu_enable_async_dispatch=False`` runs it inline: ~7 µs
+  at any spacing); on a TPU host the wake-up is not there;
 - ``graph``: the call captured once with ``torch.tpu.graph`` and replayed (no Dynamo, no
   autograd, no per-op Python: the storages' arrays into one jitted call and back).
 
-``overhead`` = compiled - exe (the issue's target: at most 20 µs); ``graph-exe`` = graph - exe. Eager is the same code
+``overhead`` = compiled - exe (the issue's target: at most 20 µs); ``over-idle`` = compiled
+- exe-idle, the same with the program's call costed as it runs inside the frame (XLA's
+wake-up is the CPU backend's, not ours); ``graph-exe`` = graph - exe. Eager is the same code
 op by op. ``jit`` and ``exe`` are called back to back, which the CPU backend pipelines: a
 call between other Python work (as inside ``program`` or ``compiled``) costs it more. Shared machines make absolute figures noisy: compare columns of one run;
 ``--clock cpu`` times the calling thread's CPU time instead of wall time (the Python and
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import statistics
 import time
 from typing import Any, Callable
 
@@ -74,6 +83,23 @@ def _per_call(f: Callable[[], Any], calls: int, rounds: int = 5, clock: str = "w
                                                 else o for o in (out if isinstance(out, (list, tuple)) else [out])]))
         best = min(best, (now() - t0) / calls)
     return best * 1e6
+
+
+def _idle_call(f: Callable[[], Any], calls: int, clock: str = "wall", pause_us: float = 50.0) -> float:
+    """Median µs of ``f()`` called ``pause_us`` after its previous call returned (the pause
+    a busy wait, outside the timed span): XLA's CPU workers asleep, as between the program
+    calls of a compiled function."""
+    for _ in range(20):
+        f()
+    now, times = CLOCKS[clock], []
+    for _ in range(calls):
+        end = time.perf_counter() + pause_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+        t0 = now()
+        f()
+        times.append(now() - t0)
+    return statistics.median(times) * 1e6
 
 
 class _Replay:
@@ -170,14 +196,17 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             "graph": replaying(lambda: fn(*args)),
         }
         row.update({k: _per_call(f, calls, clock=clock) for k, f in timed.items()})
+        row["exe-idle"] = _idle_call(timed["exe"], calls, clock)
     row["overhead"] = row["compiled"] - row["exe"]
+    row["over-idle"] = row["compiled"] - row["exe-idle"]
     row["graph-exe"] = row["graph"] - row["exe"]
     return row
 
 
 def run(calls: int = 2000, out=print, clock: str = "wall") -> list[dict]:
     rows = []
-    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "eager", "graph", "overhead", "graph-exe"]
+    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "exe-idle", "eager", "graph",
+            "overhead", "over-idle", "graph-exe"]
     out(f"{'case':<15}" + "".join(f"{c:>10}" for c in cols) + "   (µs per call)")
     for name, (fn, args) in _cases().items():
         row = measure(name, fn, args, calls, clock)

@@ -1,7 +1,8 @@
 """A compiled training graph run through compile_train_fast_path's autograd.Function
 keeps autograd's semantics: results and gradients match CPU and AOTAutograd's own path,
 outputs that need no gradient, backward through one of several outputs, retain_graph,
-version checks of saved inputs, activations passed to the backward without tensors, grad mode off at call time, no double backward; graphs
+version checks of saved inputs, activations passed to the backward without tensors (small
+ones in one buffer per dtype), grad mode off at call time, no double backward; graphs
 it does not fit keep AOTAutograd's wrappers, with the reason logged."""
 from __future__ import annotations
 
@@ -168,6 +169,45 @@ def test_saved_activations_reach_the_backward_as_storages_not_tensors():
     loss.backward()
     torch.testing.assert_close(w.grad.cpu(), torch.arange(3.0) * torch.arange(3.0).exp())
     assert node.raw is None       # freed with the backward, as saved tensors are
+
+
+def test_small_saved_activations_leave_the_forward_in_one_buffer(monkeypatch):
+    """Small activations saved for the backward leave the forward program as views of one
+    buffer per dtype (one output instead of one each); one that is also returned keeps its
+    own storage. Values and gradients are those of the unpacked program and of CPU."""
+    from tpu_kernels import graph_program
+
+    def f(x, w):
+        h = (x * w).exp()       # returned and saved: its own storage
+        return h, (h.sin() * w).cos().sum(), (x + w).tanh().sum()
+
+    def run(pack):
+        monkeypatch.setattr(graph_program, "pack_saved", pack)
+        torch._dynamo.reset()
+        w = torch.linspace(0.1, 0.9, 6, device="tpu").requires_grad_()
+        x = torch.arange(6.0).to("tpu")
+        cf, handed = _compile(f)
+        outs = cf(x, w)
+        assert _is_fast(handed[0])
+        inputs = (x._tpu_storage, w._tpu_storage)
+        # the activations' sources (the raw entries at inputs' places are the inputs')
+        saved = [s for s in outs[1].grad_fn.raw if type(s) is tuple and not any(s[0] is i for i in inputs)]
+        (outs[1] + outs[2]).backward()
+        return outs, w.grad, saved
+
+    outs, grad, saved = run(graph_program.pack_saved)
+    want_outs, want_grad, apart = run(lambda result, start, inputs: result)
+    h = outs[0]._tpu_storage
+    packed = [s for s in saved if s[0] is not h]
+    assert len({id(s[0]) for s in packed}) == 1 < len(packed)     # one buffer, several views
+    assert len(apart) == len(saved) and len({id(s[0]) for s in apart}) >= 3   # unpacked: apart
+    assert any(s[0] is h for s in saved)                          # the returned one, apart
+    for got, want in zip((*outs, grad), (*want_outs, want_grad)):
+        torch.testing.assert_close(got.cpu(), want.cpu())
+    x, w = torch.arange(6.0), torch.linspace(0.1, 0.9, 6).requires_grad_()
+    cpu = f(x, w)
+    (cpu[1] + cpu[2]).backward()
+    torch.testing.assert_close(grad.cpu(), w.grad)
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -30,7 +30,7 @@ from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
 from tpu_kernels.graph_inputs import HostScalars, source_of
-from tpu_kernels.graph_outputs import on_cpu, output_layout, source_of_output
+from tpu_kernels.graph_outputs import on_cpu, output_layout, pack_saved, source_of_output
 from tpu_kernels.host_writes import HostWrites
 from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
@@ -231,6 +231,8 @@ class GraphProgram:
         self.impls = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
         # (an input the host writes is not a result: the program's copy would not be read)
         host = self.host.written if self.host is not None else ()
+        if self.raw_from is not None:     # saved for our backward program only (see there)
+            result = pack_saved(list(result), self.raw_from, [t._tpu_storage for t in inputs])
         storages, layout = output_layout([t._tpu_storage for t in inputs], arrays, result, host)
         if not set(self.donated) <= {k for k, _ in layout[0]}:
             raise _NotWritten()

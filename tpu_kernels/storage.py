@@ -118,6 +118,14 @@ def write_view(st: Storage, size: tuple[int, ...], stride: tuple[int, ...], offs
         write_through(st)
 
 
+def write_views(st: Storage, views: list[tuple], values: list[jax.Array]) -> None:
+    """Write each of ``values`` into its view of ``st`` ((size, stride, offset) each; the
+    value of that size and of the storage's dtype), in order, with one program: what
+    ``write_view`` does one view at a time, each making a new array of the whole storage."""
+    st.array = apply(strided.writes(tuple(st.array.shape), tuple(views)), st.array, *values)
+    st.version += 1
+
+
 # -- linked copies: views whose item size differs from their base's ---------------------------
 # A storage holds one array of one dtype, so a complex tensor's view_as_real (and a real
 # tensor's view_as_complex, the lazy conj/neg views) is a copy in a storage of its own. A
@@ -234,7 +242,7 @@ def _bitcast(a: jax.Array, dtype: np.dtype) -> jax.Array:
 
 def _clear_program_caches() -> None:
     for f in (_reshaper, _permuter, _broadcaster, _caster, _bitcaster, strided.reader, strided.writer,
-              view_reader):
+              strided.writes, view_reader):
         f.cache_clear()
 
 

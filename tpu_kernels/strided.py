@@ -136,6 +136,27 @@ def reader(numel: int, size: tuple[int, ...], stride: tuple[int, ...], offset: i
 @functools.lru_cache(maxsize=4096)
 def writer(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...], offset: int):
     """A jitted ``(storage, value) -> new storage`` writing ``value`` into the view."""
+    return jax.jit(_write(shape, size, stride, offset))
+
+
+@functools.lru_cache(maxsize=1024)
+def writes(shape: tuple[int, ...], views: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]):
+    """A jitted ``(storage, *values) -> new storage`` writing each value into its view
+    (``views``: (size, stride, offset) each), in order: one program and one new array
+    where ``writer`` would make one per view (a foreach op's results written into views of
+    one storage: flat parameters, gradients in buckets)."""
+    steps = [_write(shape, *v) for v in views]
+
+    def write_all(storage: jax.Array, *values: jax.Array) -> jax.Array:
+        for step, value in zip(steps, values):
+            storage = step(storage, value)
+        return storage
+
+    return jax.jit(write_all)
+
+
+def _write(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...], offset: int):
+    """``(storage, value) -> new storage`` writing ``value`` into the view (unjitted)."""
     numel = math.prod(shape)
     p = plan(numel, size, stride, offset)
     box = _box(numel, p) if p.kind == "window" else None
@@ -159,4 +180,4 @@ def writer(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[int, ...
         flat = jax.lax.dynamic_update_slice(flat, win[: end - p.offset], (p.offset,))
         return flat.reshape(shape)
 
-    return jax.jit(write)
+    return write

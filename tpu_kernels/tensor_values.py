@@ -9,7 +9,7 @@ import jax
 
 from tpu_kernels import shadow
 from tpu_kernels.lazy import Lazy, concrete, recording
-from tpu_kernels.storage import Storage, read_view, write_through, write_view
+from tpu_kernels.storage import Storage, read_view, write_through, write_view, write_views
 
 if TYPE_CHECKING:
     from tpu_kernels.tensor import TpuTensor
@@ -71,3 +71,27 @@ def write(t: TpuTensor, new: jax.Array) -> None:
             return
     write_view(st, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t._tpu_direct, new)
     t._tpu_cache = None
+
+
+def write_all(pairs: list[tuple[TpuTensor, jax.Array]]) -> None:
+    """``write(t, new)`` for each pair, in order; views of one storage that take a value of
+    their own size and the storage's dtype are written together (one program, one new
+    array of the storage: a foreach op over flat parameters' or bucketed gradients' views
+    wrote the whole storage once per view)."""
+    groups: dict[int, list | None] = {}
+    for t, new in pairs:
+        st = t._tpu_storage
+        fits = (not t._tpu_direct and st.placement is None and st.links is None
+                and new.dtype == st.array.dtype and tuple(new.shape) == tuple(t.shape))
+        group = groups.setdefault(id(st), [])
+        if group is not None:     # a storage any other write touches keeps their order
+            groups[id(st)] = group + [(t, new)] if fits else None
+    for t, new in pairs:
+        group = groups[id(t._tpu_storage)]
+        if group is None or len(group) < 2:
+            write(t, new)
+        elif group[0][0] is t:     # the storage's views, all at its first one's turn
+            views = [(tuple(v.shape), tuple(v.stride()), v.storage_offset()) for v, _ in group]
+            write_views(t._tpu_storage, views, [n for _, n in group])
+            for v, _ in group:
+                v._tpu_cache = None

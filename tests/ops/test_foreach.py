@@ -168,6 +168,44 @@ def test_copy_into_views():
     check(f, torch.zeros(3, 4), [torch.ones(4), torch.full((2,), 2.0)])
 
 
+def _flat_views(base):
+    """Views of one flat storage, as flat parameters or bucketed gradients are: 2-d,
+    1-d and strided ones, with gaps between them."""
+    return [base[0:6].view(2, 3), base[8:15], base[20:40].view(4, 5)[:, ::2]]
+
+
+def test_views_of_one_storage_are_written_by_one_program():
+    """A foreach op's results for views of one storage are written into it together: one
+    new array of the storage per op (not one per view), CPU's values, the gaps untouched;
+    a list mixing two storages' views and a tensor of its own writes each."""
+    def f(base, other, own, scale):
+        base, other, own = base.clone(), other.clone(), own.clone()
+        views = [*_flat_views(base), own, other[1:3], other[5:]]
+        torch._foreach_mul_(views, scale)
+        torch._foreach_add_(views, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        return base, other, own
+    check(f, torch.randn(40, generator=G), torch.randn(9, generator=G), torch.randn(3, generator=G),
+          torch.tensor(0.5))
+    base = torch.zeros(40, device="tpu")
+    views = _flat_views(base)
+    before = base._tpu_storage.version
+    torch._foreach_add_(views, 1.0)
+    assert base._tpu_storage.version == before + 1
+    torch.testing.assert_close(views[2].cpu(), torch.ones(4, 3))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "overlapping tensors in one in-place foreach call: CPU applies the op tensor by tensor, "
+    "each reading the one before's writes; tpu computes every result from the inputs, then "
+    "writes them in list order (as CUDA's fused kernels read all inputs at once)"))
+def test_overlapping_tensors_in_one_inplace_foreach_call():
+    def f(base):
+        base = base.clone()
+        torch._foreach_mul_([base[2:5], base, base[0:3]], 2.0)
+        return base
+    check(f, torch.randn(8, generator=G))
+
+
 # -- optimizers --------------------------------------------------------------------------------------
 OPTIMIZERS = [
     ("AdamW-foreach", torch.optim.AdamW, dict(foreach=True, weight_decay=0.1)),

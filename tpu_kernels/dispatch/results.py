@@ -18,7 +18,7 @@ from tpu_kernels.dispatch.plan import OpPlan
 from tpu_kernels.registry.dtypes import to_jax_dtype
 from tpu_kernels.storage import Storage, to_dense
 from tpu_kernels.tensor import TpuTensor, wrap, wrap_known
-from tpu_kernels.tensor_values import read, write
+from tpu_kernels.tensor_values import read, write, write_all
 def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
     """The op's returns from the impl's output ``out``; mutated arguments written."""
     single = compiled.single_out
@@ -41,11 +41,9 @@ def finish(compiled: CompiledCall, args, kwargs, out) -> Any:
         check_written(plan.op, args[i] if i < len(args) else kwargs.get(plan.names[i]), args, kwargs)
     for i in plan.mutated:
         target = plan.arg(i, args, kwargs)
-        if isinstance(target, (list, tuple)):
-            for t in target:
-                v = next(it)
-                if t is not None and v is not None:
-                    write(t, v)
+        if isinstance(target, (list, tuple)):   # (a foreach op's: views of one storage together)
+            values = [next(it) for _ in target]
+            write_all([(t, v) for t, v in zip(target, values) if t is not None and v is not None])
         else:
             v = next(it)
             if target is not None and v is not None:

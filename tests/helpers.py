@@ -1,5 +1,19 @@
 """Test helpers: the library's parity checking (one tolerance table, in tpu_kernels.testing)."""
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from tpu_kernels.testing import TOLERANCES, assert_same, check, check_parity, to_cpu, to_tpu, tol  # noqa: F401
+
+
+class RecordOps(TorchDispatchMode):
+    """A dispatch mode that lists the ATen ops run inside it (``.ops``), and runs them."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
 
 
 def torch_f32(a, requires_grad: bool = False):

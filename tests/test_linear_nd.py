@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import check
+from helpers import RecordOps, check
 from tpu_kernels import dispatch, registry
 
 LINEAR = torch.ops.tpu_kernels.linear.default
@@ -164,20 +164,9 @@ def test_inference_call_skips_the_autograd_layer(monkeypatch):
 def test_inference_call_is_seen_by_a_dispatch_mode():
     """A TorchDispatchMode (a flop counter, a debug mode) sees the op as before: with one
     active the call takes the dispatcher's way."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func)
-            return func(*args, **(kwargs or {}))
-
     x, w, b = _inputs((2, 3))
     xt, wt, bt = (t.detach().to("tpu") for t in (x, w, b))
-    with torch.no_grad(), Seen() as mode:
+    with torch.no_grad(), RecordOps() as mode:
         out = F.linear(xt, wt, bt)
     assert LINEAR in mode.ops
     torch.testing.assert_close(out.cpu(), F.linear(x, w, b).detach())

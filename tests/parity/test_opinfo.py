@@ -30,7 +30,6 @@ import zlib
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 import families as F
@@ -39,6 +38,7 @@ import strategies as S
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.testing import assert_same_or_as_accurate, in_float64
 from known import classify
+from helpers import RecordOps
 
 try:
     from torch.testing._internal.common_methods_invocations import op_db
@@ -83,16 +83,6 @@ def n_samples(dtype) -> int | None:
     return 2 if dtype == torch.float32 else 1
 
 
-class _Record(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 def _to_tpu(x):
     def conv(t):
         if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided:
@@ -135,7 +125,7 @@ def test_opinfo(opinfo, dtype, record_property):
         args = (sample.input,) + tuple(sample.args)
         kwargs = dict(sample.kwargs)
         cpu_args, cpu_kwargs = _clone(args), _clone(kwargs)
-        rec = _Record()
+        rec = RecordOps()
         try:
             with rec:
                 expected = opinfo.op(*cpu_args, **cpu_kwargs)

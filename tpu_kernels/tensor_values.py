@@ -84,14 +84,17 @@ def write_all(pairs: list[tuple[TpuTensor, jax.Array]]) -> None:
         fits = (not t._tpu_direct and st.placement is None and st.links is None
                 and new.dtype == st.array.dtype and tuple(new.shape) == tuple(t.shape))
         group = groups.setdefault(id(st), [])
-        if group is not None:     # a storage any other write touches keeps their order
-            groups[id(st)] = group + [(t, new)] if fits else None
+        if group is not None and fits:
+            group.append((t, new))
+        else:      # a storage any other write touches keeps the writes' order
+            groups[id(st)] = None
     for t, new in pairs:
         group = groups[id(t._tpu_storage)]
-        if group is None or len(group) < 2:
+        if group is None or len(group) == 1:
             write(t, new)
-        elif group[0][0] is t:     # the storage's views, all at its first one's turn
+        elif group:     # the storage's first view: all of its views, now
             views = [(tuple(v.shape), tuple(v.stride()), v.storage_offset()) for v, _ in group]
             write_views(t._tpu_storage, views, [n for _, n in group])
             for v, _ in group:
                 v._tpu_cache = None
+            group.clear()     # (its later views are written)

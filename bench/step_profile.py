@@ -53,26 +53,33 @@ class _Clock:
 
 @contextlib.contextmanager
 def _instrumented(clock: _Clock) -> Iterator[None]:
-    """Times every ``GraphProgram`` call and its jitted function's call."""
-    call, run = graph_program.GraphProgram.__call__, graph_program.GraphProgram._run_jitted
+    """Times every ``GraphProgram`` call and its jitted function's call (the packed one
+    where its small state is packed, ``program_packs.py``)."""
+    program = graph_program.GraphProgram
+    call, run, packed = program.__call__, program._run_jitted, program._packed_jit
 
     def timed_call(self, *args):
         with clock.span(f"program {_name(self)}"):
             return call(self, *args)
 
-    def timed_run(self, args, sources):
-        jitted = self._jitted
-
+    def timed(self, jitted, donated):
         def jit_call(*a):
             if _keeping[0]:   # (an untimed step) copies: the call gives up what it donates
-                _last[_name(self)] = (jitted, _copies(a), self.donated_argnums())
+                _last[_name(self)] = (jitted, _copies(a), donated)
             with clock.span(f"  jit call {_name(self)}"):
                 return jitted(*a)
-        self._jitted = jit_call
+        return jit_call
+
+    def timed_run(self, args, sources):
+        jitted = self._jitted
+        self._jitted = timed(self, jitted, self.donated_argnums())
         try:
             return run(self, args, sources)
         finally:
             self._jitted = jitted
+
+    def timed_packed(self, donated):
+        return timed(self, packed(self, donated), (3, *(4 + i for i in donated)))
     run_on, flush = lazy.run_on, lazy.flush
 
     def timed_flush():
@@ -83,14 +90,12 @@ def _instrumented(clock: _Clock) -> Iterator[None]:
         _last["recorded step"] = (fn, inputs, ())
         with clock.span("  run of the recording (lazy flush)"):
             return run_on(index, fn, inputs)
-    graph_program.GraphProgram.__call__ = timed_call
-    graph_program.GraphProgram._run_jitted = timed_run
+    program.__call__, program._run_jitted, program._packed_jit = timed_call, timed_run, timed_packed
     lazy.run_on, lazy.flush = timed_run_on, timed_flush
     try:
         yield
     finally:
-        graph_program.GraphProgram.__call__ = call
-        graph_program.GraphProgram._run_jitted = run
+        program.__call__, program._run_jitted, program._packed_jit = call, run, packed
         lazy.run_on, lazy.flush = run_on, flush
 
 
@@ -106,7 +111,8 @@ _outputs: dict[str, int] = {}    # program -> arrays its jitted function returns
 
 
 def _copies(args: tuple) -> tuple:
-    return tuple(jnp.array(a, copy=True) if hasattr(a, "shape") else a for a in args)
+    return tuple(jax.tree.map(lambda x: jnp.array(x, copy=True), a) if hasattr(a, "shape") or type(a) is list
+                 else a for a in args)
 
 
 def _with_copies(args: tuple, positions: tuple) -> tuple:

@@ -72,9 +72,9 @@ class StepProgram(GraphProgram):
         self._new_fusions = 0     # recordings in a row whose program was compiled anew
         self._plain: Callable | None = None   # the jitted function recordings call: donates nothing
 
-    def _trace(self, statics: tuple, key: Any, *arrays: Any) -> Any:
+    def _trace(self, statics: tuple, key: Any, *arrays: Any, count: bool = True) -> Any:
         with lazy.paused():
-            return super()._trace(statics, key, *arrays)
+            return super()._trace(statics, key, *arrays, count=count)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
         if not self.defers or not ON:

@@ -55,9 +55,9 @@ class Pack:
         self.storages, self.avals, self.reads, self.slots = storages, avals, reads, slots
         self.index = index   # the tpu device (a placeholder's ``index``)
         sizes = [math.prod(a.shape) for a in avals]
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        self.bounds = list(zip(starts, sizes))
         self.spec = jax.ShapeDtypeStruct((sum(sizes),), avals[0].dtype)
+        # who packs it, and what to do when a member changed shape (in errors)
+        self.caller, self.remedy = "TPUGraph.replay()", "capture the graph again"
         self.buffer: jax.Array | None = None      # the last replay's, until the next takes it
         self.members: list[Lazy] = []             # the placeholders it left in the storages
         self._join = jax.jit(lambda *values: self.join(values))
@@ -65,10 +65,10 @@ class Pack:
 
     # -- inside the program (traced values) -----------------------------------------------
     def split(self, buffer: jax.Array) -> list[jax.Array]:
-        return [buffer[s:s + n].reshape(a.shape) for (s, n), a in zip(self.bounds, self.avals)]
+        return split(buffer, self.avals)
 
     def join(self, values: Sequence[jax.Array]) -> jax.Array:
-        return jnp.concatenate([jnp.ravel(v) for v in values])
+        return join(values)
 
     # -- on the host --------------------------------------------------------------------
     def take(self) -> jax.Array:
@@ -93,8 +93,8 @@ class Pack:
         for st, v, a in zip(self.storages, values, self.avals):
             if (tuple(v.shape), v.dtype) != (tuple(a.shape), a.dtype):
                 raise RuntimeError(
-                    f"TPUGraph.replay(): a tensor the graph reads and writes is now {v.dtype}"
-                    f"{list(v.shape)}, captured as {a.dtype}{list(a.shape)}: capture the graph again")
+                    f"{self.caller}: a tensor the graph reads and writes is now {v.dtype}"
+                    f"{list(v.shape)}, captured as {a.dtype}{list(a.shape)}: {self.remedy}")
         return lazy_programs.run_on(self.index, self._join, values)
 
     def publish(self, buffer: jax.Array) -> None:
@@ -115,6 +115,22 @@ class Pack:
             if lz.value is None:
                 # (no longer tied to the pack: a storage keeping it keeps no buffer alive)
                 lz.value, lz.program = value, None
+
+
+def split(buffer: jax.Array, avals: Sequence[Any]) -> list[jax.Array]:
+    """The members (shapes and dtypes ``avals``, in order) cut from a pack's ``buffer``
+    (inside a program: free for XLA)."""
+    out, start = [], 0
+    for a in avals:
+        n = math.prod(a.shape)
+        out.append(buffer[start:start + n].reshape(a.shape))
+        start += n
+    return out
+
+
+def join(values: Sequence[jax.Array]) -> jax.Array:
+    """The members' values as one flat buffer."""
+    return jnp.concatenate([jnp.ravel(v) for v in values])
 
 
 def plan(reads: list[Storage], values: list[Any], writes: list[tuple[Storage, int]],

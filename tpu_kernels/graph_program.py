@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, optimization_hint
 from torch.utils._python_dispatch import _disable_current_modes
 
-from tpu_kernels import dispatch, errors, inflight, random_state, shadow, strided
+from tpu_kernels import devices, dispatch, errors, inflight, program_packs, random_state, shadow, strided
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
@@ -36,12 +34,13 @@ from tpu_kernels.pallas.tpu_info import pinned
 from tpu_kernels.registry import REGISTRY
 from tpu_kernels.registry.context import INDEX_CHECKS
 from tpu_kernels.lazy import Lazy, capturing, concrete
+from tpu_kernels.program_packs import PackedCalls
 from tpu_kernels.storage import Storage, to_torch
 from tpu_kernels.tensor import TpuTensor, wrap_known, wrap_view
 from tpu_kernels.tensor_values import read, source as tensor_source
 log = logging.getLogger(__name__)
 
-class GraphProgram:
+class GraphProgram(PackedCalls):
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -86,6 +85,9 @@ class GraphProgram:
         if hooked is None and not self.eager:   # 0-dim CPU inputs cross as one array per dtype
             self.scalars = HostScalars.of([x for x in example_inputs if isinstance(x, torch.Tensor)])
         self._jitted = hooked or self._jit()
+        # small state it writes (an optimizer's moments) can travel packed: program_packs.py
+        self._init_packs(hooked is None and bool(self.donated) and self.host is None
+                         and self.scalars is None and not devices.several)
 
     def __call__(self, *args: Any) -> list[Any]:
         if capturing():
@@ -145,19 +147,16 @@ class GraphProgram:
         return jax.jit(self._trace, static_argnums=(0,), donate_argnums=donated)
 
     def _run_jitted(self, args: tuple, sources: list) -> list[Any]:
+        statics = self._statics(args, sources)
+        if self._packable and program_packs.enabled():
+            out = self._run_packed(args, sources, statics)
+            if out is not None:
+                return out
         # storages go in whole (no copies); their views' geometry is part of the signature
         tensors = [st.array if type(st.array) is not Lazy else concrete(st.array) for st, _ in sources]
-        for k in self.donated:
-            # held by its storage, this list and getrefcount's argument only: else (a
-            # ``.jax()`` kept, a storage sharing the array, a deferred placeholder's value)
-            # the program gets a copy
-            if sys.getrefcount(tensors[k]) > 3 or type(sources[k][0].array) is Lazy:
-                tensors[k] = jnp.array(tensors[k], copy=True)
-        statics = self._statics(args, sources)
+        program_packs.own_donated(tensors, [sources[k][0] for k in self.donated], self.donated)
         taken = self.n_random
-        # a graph without random ops (known once traced) takes one resident key: no
-        # counters to reserve, nothing to move to the device per call
-        key = random_state.reserve(taken) if taken or not self.traces else _no_key()
+        key = self._key(taken)
         try:
             out = self._jitted(statics, key, *self.arguments(tensors))
         except _NotWritten:     # (raised while tracing: nothing was donated yet)
@@ -172,6 +171,11 @@ class GraphProgram:
         for f, (op, c) in zip(flags, checks):
             errors.watch(f, op, c)
         return self._results(layout, sources, storages)
+
+    def _key(self, taken: int) -> Any:
+        # a graph without random ops (known once traced) takes one resident key: no
+        # counters to reserve, nothing to move to the device per call
+        return random_state.reserve(taken) if taken or not self.traces else _no_key()
 
     def _statics(self, args: tuple, sources: list) -> tuple:
         """The jit's static argument of a call: settings, non-tensor arguments, geometries."""
@@ -211,10 +215,11 @@ class GraphProgram:
             out += [source_of_output(e, sources, arrays, new) for e in layout[cut:]]
         return out
 
-    def _trace(self, statics: tuple, key: jax.Array, *arrays: jax.Array):
+    def _trace(self, statics: tuple, key: jax.Array, *arrays: jax.Array, count: bool = True):
         """Run the graph on tpu tensors over the jit's tracers; returns the storages the
-        outputs live in (and mutated inputs' new values) plus the check flags."""
-        self.traces += 1
+        outputs live in (and mutated inputs' new values) plus the check flags. ``count``:
+        a signature's first trace (not a packed variant of one, program_packs.py)."""
+        self.traces += count
         if self.traces > 1:   # a graph with dynamic shapes (a growing KV cache) meets a new size
             log.info("a compiled graph is traced again (%d traces): each input shape is its own "
                      "XLA program (a static KV cache keeps decoding to one)", self.traces)

@@ -1,0 +1,161 @@
+"""A compiled optimizer step's small state (moments, step counts) travels packed
+(program_packs.py; on by default on a TPU, switched on here): values equal the unpacked
+program's and CPU's, parameters stay out of the packs, and reading, writing or replacing
+the state between steps gives eager's values."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tpu_kernels import compile_backend, graph_packing, lazy, program_packs
+from tpu_kernels.testing import assert_same
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    monkeypatch.setattr(program_packs, "ON", True)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def _data(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(6, 8, generator=g).to(device), torch.randn(6, 4, generator=g).to(device)
+
+
+def _train(device: str, steps: int, between=None, compiled: bool = True):
+    """``steps`` AdamW steps of the model on ``device`` (the optimizer step compiled);
+    ``between(step, opt)`` runs after each step. Returns (model, optimizer, losses)."""
+    m = _model().to(device)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
+    x, y = _data(device)
+    losses = []
+    for i in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        step()
+        losses.append(loss.item())
+        if between is not None:
+            between(i, opt)
+    return m, opt, losses
+
+
+def _optimizer_program():
+    progs = [p for p in compile_backend.PROGRAMS if p.donated]
+    assert progs, "no compiled program writes its inputs"
+    return progs[-1]
+
+
+def _assert_trained_alike(m, losses, ref, ref_losses):
+    assert_same(torch.tensor(ref_losses), torch.tensor(losses))
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert_same(q.detach(), p.detach().cpu())
+
+
+def test_state_is_packed_and_training_matches_cpu():
+    ref, _, ref_losses = _train("cpu", 5, compiled=False)
+    m, opt, losses = _train("tpu", 5)
+    _assert_trained_alike(m, losses, ref, ref_losses)
+    prog = _optimizer_program()
+    plans = [p for p in prog._packs.values() if p is not None]
+    assert len(plans) == 1
+    params = {id(p._tpu_storage) for p in m.parameters()}
+    members = [st for _, st in plans[0].storages]
+    # both moments and the step count of each of the 4 parameters; no parameter
+    assert len(members) == 12 and not params & {id(st) for st in members}
+    assert all(type(st.array) is lazy.Lazy for st in members)
+    # the packed program returns one buffer for them, not 12 arrays
+    assert len(plans[0].slots) == 12 and len(plans[0].packs) == 1
+
+
+def test_values_equal_the_unpacked_program(monkeypatch):
+    m, opt, losses = _train("tpu", 4)
+    torch._dynamo.reset()
+    monkeypatch.setattr(program_packs, "ON", False)
+    m2, opt2, losses2 = _train("tpu", 4)
+    assert losses == losses2
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p.cpu(), q.cpu())
+    for p, q in zip(m.parameters(), m2.parameters()):
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][k].cpu(), opt2.state[q][k].cpu()), k
+
+
+def test_state_read_between_steps_is_current_and_a_plan_read_every_step_retires(monkeypatch):
+    cuts = []
+    real_fill = graph_packing.Pack.fill
+    monkeypatch.setattr(graph_packing.Pack, "fill", lambda self, p: cuts.append(1) or real_fill(self, p))
+    seen, seen_ref = [], []
+
+    def read(i, opt, into):
+        p = opt.param_groups[0]["params"][0]
+        into.append((opt.state[p]["exp_avg"].cpu().clone(), float(opt.state[p]["step"])))
+    ref, _, ref_losses = _train("cpu", 6, lambda i, o: read(i, o, seen_ref), compiled=False)
+    m, opt, losses = _train("tpu", 6, lambda i, o: read(i, o, seen))
+    _assert_trained_alike(m, losses, ref, ref_losses)
+    for (a, s), (b, t) in zip(seen_ref, seen):
+        assert_same(a, b)
+        assert s == t
+    # one cut per read while packed; then the plan is dropped and the state is unpacked
+    assert cuts and len(cuts) <= program_packs.RETIRE_AFTER + 2
+    assert list(_optimizer_program()._packs.values()) == [None]
+
+
+def test_state_written_between_steps_is_packed_again():
+    def reset_moments(i, opt):
+        if i == 1:
+            for st in opt.state.values():
+                st["exp_avg"].zero_()
+    ref, _, ref_losses = _train("cpu", 4, reset_moments, compiled=False)
+    m, opt, losses = _train("tpu", 4, reset_moments)
+    _assert_trained_alike(m, losses, ref, ref_losses)
+    assert [p for p in _optimizer_program()._packs.values() if p is not None]
+
+
+def test_state_loaded_from_a_state_dict_is_packed_again():
+    def reload(i, opt):
+        if i == 1:
+            opt.load_state_dict(opt.state_dict())
+    ref, _, ref_losses = _train("cpu", 4, reload, compiled=False)
+    m, opt, losses = _train("tpu", 4, reload)
+    _assert_trained_alike(m, losses, ref, ref_losses)
+    plan = next(p for p in _optimizer_program()._packs.values() if p is not None)
+    state = {id(t._tpu_storage) for s in opt.state.values() for t in s.values()}
+    assert {id(st) for _, st in plan.storages} <= state
+
+
+def test_other_storages_through_one_program_are_planned_again():
+    """A compiled function that writes the tensors it is given, called on another set:
+    a new plan for the new storages, nothing traced again; the first set, packed by the
+    old plan, reads its own values."""
+    def update(a, b, c):
+        a.add_(1)
+        b.mul_(2)
+        c.add_(b)
+    f = torch.compile(update, backend="tpu")
+    sets = [[torch.arange(4.0) + 10 * k for _ in range(3)] for k in range(2)]
+    tpu = [[t.to("tpu") for t in ts] for ts in sets]
+    for ts, cpu in [(tpu[0], sets[0])] * 3 + [(tpu[1], sets[1])] * 3:
+        f(*ts)
+        update(*cpu)
+    for ts, cpu in zip(tpu, sets):
+        for t, c in zip(ts, cpu):
+            assert torch.equal(t.cpu(), c)
+    prog = _optimizer_program()
+    plan = next(p for p in prog._packs.values() if p is not None)
+    assert plan.plans == 2 and prog.traces == 1
+    assert [st for _, st in plan.storages] == [t._tpu_storage for t in tpu[1]]
+
+
+def test_off_by_default_on_the_cpu_backend(monkeypatch):
+    monkeypatch.setattr(program_packs, "ON", None)
+    assert program_packs.enabled() is False

@@ -75,6 +75,9 @@ def test_state_is_packed_and_training_matches_cpu():
     assert all(type(st.array) is lazy.Lazy for st in members)
     # the packed program returns one buffer for them, not 12 arrays
     assert len(plans[0].slots) == 12 and len(plans[0].packs) == 1
+    # planned from a trace alone: only the packed variant was compiled
+    assert prog._jitted._cache_size() == 0 and prog.traces == 1
+    assert [j._cache_size() for j in prog._packed_jits.values()] == [1]
 
 
 def test_values_equal_the_unpacked_program(monkeypatch):

@@ -17,8 +17,8 @@ then; writing it (``load_state_dict``) makes the next call pack the current valu
 A plan whose members were read or written between calls ``RETIRE_AFTER`` calls in a row
 is dropped (the signature then runs unpacked: packing would only add dispatches).
 
-How: planned at the second call of a signature (the first traced it: which inputs it
-writes and where their new values leave). The packed function is the program's own
+How: planned at the first call of a signature, from a trace of the program that is not
+compiled (which inputs it writes and where their new values leave). The packed function is the program's own
 trace with the members cut from the buffers before it and their new values joined after;
 one jit per program takes the packs' layout as a static argument, so a plan made again
 for other storages of the same shapes (a new optimizer's state) compiles nothing.
@@ -166,7 +166,7 @@ class Unpackable(Exception):
 class PackedCalls:
     """What a ``GraphProgram`` does to run a signature with its state packed. It uses the
     program's ``donated``, ``is_tensor``, ``all_tensors``, ``n_random``, ``_outputs``,
-    ``_trace``, ``_key`` and ``_results``."""
+    ``_jitted``, ``arguments``, ``_trace``, ``_key`` and ``_results``."""
 
     def _init_packs(self, packable: bool) -> None:
         self._packable = packable
@@ -178,7 +178,7 @@ class PackedCalls:
         has no packs (its first call traces it unpacked)."""
         pk = self._packs.get(statics, _UNPLANNED)
         if pk is _UNPLANNED or (pk is not None and not pk.fits(sources)):
-            if statics not in self._outputs:
+            if statics not in self._outputs and not self._trace_only(statics, sources):
                 return None
             pk = self._packs[statics] = self._plan(args, sources, statics, None if pk is _UNPLANNED else pk)
         if pk is None:
@@ -207,6 +207,17 @@ class PackedCalls:
         for f, (op, c) in zip(flags, self._outputs[statics][1]):
             errors.watch(f, op, c)
         return self._results(pk.result_layout, sources, results)
+
+    def _trace_only(self, statics: tuple, sources: list) -> bool:
+        """Trace a new signature without compiling it (which inputs it writes, where
+        their new values leave: what a plan needs), so that only its packed variant is
+        compiled; False where the trace failed (the unpacked call then raises or copes)."""
+        specs = [jax.ShapeDtypeStruct(tuple(st.array.shape), st.array.dtype) for st, _ in sources]
+        try:
+            self._jitted.trace(statics, jax.ShapeDtypeStruct((3,), jnp.uint32), *self.arguments(specs))
+        except Exception:   # noqa: BLE001 (the call made next meets it again, and reports it)
+            return False
+        return statics in self._outputs
 
     def _plan(self, args: tuple, sources: list, statics: tuple, old: Packed | None) -> Packed | None:
         if old is not None and old.plans >= MAX_PLANS:

@@ -18,10 +18,11 @@ A plan whose members were read or written between calls ``RETIRE_AFTER`` calls i
 is dropped (the signature then runs unpacked: packing would only add dispatches).
 
 How: planned at the first call of a signature, from a trace of the program that is not
-compiled (which inputs it writes and where their new values leave). The packed function is the program's own
-trace with the members cut from the buffers before it and their new values joined after;
-one jit per program takes the packs' layout as a static argument, so a plan made again
-for other storages of the same shapes (a new optimizer's state) compiles nothing.
+compiled (which inputs it writes and where their new values leave), so only the packed
+variant is compiled. The packed function is the program's own trace with the members cut
+from the buffers before it and their new values joined after; one jit per program takes
+the packs' layout as a static argument, so a plan made again for other storages of the
+same shapes (a new optimizer's state) compiles nothing.
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def enabled() -> bool:
     if ON is None:
         ON = devices.jax_devices()[0].platform == "tpu"
     return ON
+
+
 RETIRE_AFTER = 3   # calls in a row whose members were read or written in between
 MAX_PLANS = 4      # plans per signature (new storages each time) before it runs unpacked
 
@@ -175,7 +178,7 @@ class PackedCalls:
 
     def _run_packed(self, args: tuple, sources: list, statics: tuple) -> list[Any] | None:
         """The call with the small state it writes packed, or None where this signature
-        has no packs (its first call traces it unpacked)."""
+        has no packs (none qualify, a plan was dropped, or its trace failed)."""
         pk = self._packs.get(statics, _UNPLANNED)
         if pk is _UNPLANNED or (pk is not None and not pk.fits(sources)):
             if statics not in self._outputs and not self._trace_only(statics, sources):

@@ -159,6 +159,28 @@ def test_other_storages_through_one_program_are_planned_again():
     assert [st for _, st in plan.storages] == [t._tpu_storage for t in tpu[1]]
 
 
+def test_a_tensor_learning_rate_with_a_scheduler():
+    """The compiled-optimizer loop torch recommends (a tensor lr, so the scheduler's
+    changes need no recompile): packed, one trace, CPU's values."""
+    def run(device: str, compiled: bool) -> torch.nn.Module:
+        m = _model().to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+        step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
+        x, y = _data(device)
+        for _ in range(5):
+            opt.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            step()
+            sched.step()
+        return m
+    ref, m = run("cpu", False), run("tpu", True)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert_same(q.detach(), p.detach().cpu())
+    prog = _optimizer_program()
+    assert prog.traces == 1 and [p is not None for p in prog._packs.values()] == [True]
+
+
 def test_off_by_default_on_the_cpu_backend(monkeypatch):
     monkeypatch.setattr(program_packs, "ON", None)
     assert program_packs.enabled() is False

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tpu_kernels import graph_program
-from tpu_kernels.graph_inputs import HostScalars
+from tpu_kernels.graph_inputs import HostScalars, source_of
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +59,14 @@ def test_a_compiled_function_packs_its_cpu_scalars_and_matches_cpu(monkeypatch):
         torch.testing.assert_close(cf(x.to("tpu"), *scalars).cpu(), f(x, *scalars))
     packed = [p.scalars for p in made if p.scalars is not None]
     assert packed and [len(ks) for _, ks in packed[0].groups] == [4]   # one array of 4 scalars
+
+
+def test_a_cpu_input_is_read_as_a_copy():
+    """A program may run after its call returns (XLA:CPU dispatches asynchronously and can
+    read host memory in place): a CPU input the caller writes next (an lr scheduler's
+    ``fill_`` of a tensor learning rate) must not change what the program reads."""
+    lr = torch.tensor(0.01)
+    st, _ = source_of(lr)
+    assert not np.shares_memory(st.array, lr.numpy())
+    lr.fill_(0.5)
+    assert float(st.array) == np.float32(0.01)

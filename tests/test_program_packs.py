@@ -4,6 +4,7 @@ program's and CPU's, parameters stay out of the packs, and reading, writing or r
 the state between steps gives eager's values."""
 from __future__ import annotations
 
+import jax
 import pytest
 import torch
 import torch.nn.functional as F
@@ -181,6 +182,6 @@ def test_a_tensor_learning_rate_with_a_scheduler():
     assert prog.traces == 1 and [p is not None for p in prog._packs.values()] == [True]
 
 
-def test_off_by_default_on_the_cpu_backend(monkeypatch):
+def test_on_by_default_on_a_tpu_only(monkeypatch):
     monkeypatch.setattr(program_packs, "ON", None)
-    assert program_packs.enabled() is False
+    assert program_packs.enabled() is (jax.devices()[0].platform == "tpu")

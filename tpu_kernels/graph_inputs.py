@@ -67,7 +67,10 @@ def _host(t: torch.Tensor) -> tuple[Storage, tuple]:
     if t.dtype == torch.bfloat16 or not t.is_contiguous() or t.is_conj() or t.is_neg():
         st = Storage(to_jax(t))
     else:   # a host array: nothing to look up (device 0, as ``index_of_array`` says)
-        array = t.detach().numpy()
+        # a copy: the program may run after the call returns (XLA:CPU dispatches async and
+        # can read host memory in place), and the caller may write the tensor by then (an
+        # lr scheduler's ``fill_`` of a tensor learning rate made a step read the next lr)
+        array = t.detach().numpy().copy()
         st = Storage(array, 0, array.nbytes)
     return st, (shape, strided.contiguous_strides(shape), 0, t.dtype)
 

@@ -100,12 +100,8 @@ class GraphProgram(PackedCalls):
         # (storage, geometry) per tensor input; a tpu tensor's without a shadow made
         sources = [tensor_source(a) if type(a) is TpuTensor else source_of(a) for a in tensors]
         host = self.host
-        if host is not None:     # CPU inputs updated on the host (see host_writes.py)
-            updates = host.compute(tensors)
-            for k in host.written:      # the program reads a private copy
-                st = sources[k][0]
-                if isinstance(st.array, np.ndarray):
-                    st.array = st.array.copy()
+        if host is not None:     # CPU inputs updated on the host (see host_writes.py; the
+            updates = host.compute(tensors)   # program reads copies: graph_inputs._host)
         if self.eager:
             it = (TpuTensor(st, *g) for st, g in sources)
             with torch.no_grad():

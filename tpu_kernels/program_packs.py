@@ -71,7 +71,7 @@ class Packed:
     the program's output layout without the members' write-backs (``result_layout``)."""
 
     def __init__(self, groups: list[list[tuple[int, int, Storage, Any]]], index: int,
-                 n_inputs: int, donated: Sequence[int], layout: tuple) -> None:
+                 n_inputs: int, donated: Sequence[int], layout: tuple, checks: list) -> None:
         self.layout = tuple((tuple(k for k, _, _, _ in g), tuple(j for _, j, _, _ in g),
                              tuple((tuple(a.shape), a.dtype) for _, _, _, a in g)) for g in groups)
         self.packs = [Pack([st for _, _, st, _ in g], [a for _, _, _, a in g], [k for k, _, _, _ in g],
@@ -84,12 +84,12 @@ class Packed:
         self.rest = [k for k in range(n_inputs) if k not in self.positions]
         self.rest_donated = tuple(i for i, k in enumerate(self.rest) if k in donated)
         self.result_layout = ([(k, j) for k, j in layout[0] if k not in self.positions], layout[1])
+        self.checks = checks   # (op, checks) per flag the program returns
         self.misses = 0      # calls in a row that found members read or written in between
         self.plans = 1       # plans made for the signature (its storages changed)
 
     def fits(self, sources: Sequence[tuple]) -> bool:
-        """Whether a call's inputs are the planned storages (with the device they were on:
-        a storage keeps its device)."""
+        """Whether a call's inputs are the planned storages."""
         return all(sources[k][0] is st for k, st in self.storages)
 
     def take(self) -> list[jax.Array] | None:
@@ -108,12 +108,14 @@ class Packed:
             p.publish(b)
 
 
-def plan(layout: tuple, donated: Sequence[int], tensors: Sequence[Any],
+def plan(outputs: tuple, donated: Sequence[int], tensors: Sequence[Any],
          sources: Sequence[tuple]) -> Packed | None:
-    """The packs of a call (``layout``: the program's output layout, whose first part is
-    (input position, result slot) of each input the graph writes; ``tensors``: the call's
-    tensor inputs, ``sources`` their (storage, geometry)), or None where fewer than two
-    members of a dtype qualify."""
+    """The packs of a call (``outputs``: the program's (output layout, flag checks), the
+    layout's first part (input position, result slot) of each input the graph writes;
+    ``tensors``: the call's tensor inputs, ``sources`` their (storage, geometry)), or None
+    where fewer than two members of a dtype qualify. (A program on one device: see
+    ``GraphProgram``'s ``_init_packs``.)"""
+    layout, checks = outputs
     written = layout[0]
     count: dict[int, int] = {}
     for st, _ in sources:
@@ -125,9 +127,10 @@ def plan(layout: tuple, donated: Sequence[int], tensors: Sequence[Any],
         if k in donated and count[id(st)] == 1 and _member(tensors[k], st):
             a = jax.ShapeDtypeStruct(tuple(st.array.shape), st.array.dtype)
             groups.setdefault(a.dtype, []).append((k, j, st, a))
-    index = sources[written[0][0]][0].index if written else 0   # (one device's: see ``fits``)
-    groups = [g for g in ([m for m in g if m[2].index == index] for g in groups.values()) if len(g) > 1]
-    return Packed(groups, index, len(sources), donated, layout) if groups else None
+    groups = [g for g in groups.values() if len(g) > 1]
+    if not groups:
+        return None
+    return Packed(groups, groups[0][0][2].index, len(sources), donated, layout, checks)
 
 
 def _member(t: Any, st: Storage) -> bool:
@@ -207,7 +210,7 @@ class PackedCalls:
             raise
         pk.publish(buffers)
         results, flags = inflight.track((results, flags))
-        for f, (op, c) in zip(flags, self._outputs[statics][1]):
+        for f, (op, c) in zip(flags, pk.checks):
             errors.watch(f, op, c)
         return self._results(pk.result_layout, sources, results)
 
@@ -226,7 +229,7 @@ class PackedCalls:
         if old is not None and old.plans >= MAX_PLANS:
             return None     # (its storages keep changing: a plan would not last)
         tensors = args if self.all_tensors else [a for a, t in zip(args, self.is_tensor) if t]
-        pk = plan(self._outputs[statics][0], self.donated, tensors, sources)
+        pk = plan(self._outputs[statics], self.donated, tensors, sources)
         if pk is not None and old is not None:
             pk.plans = old.plans + 1
         return pk

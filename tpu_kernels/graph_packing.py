@@ -60,6 +60,7 @@ class Pack:
         self.caller, self.remedy = "TPUGraph.replay()", "capture the graph again"
         self.buffer: jax.Array | None = None      # the last replay's, until the next takes it
         self.members: list[Lazy] = []             # the placeholders it left in the storages
+        self.touched = True     # (``take``'s: a member was read or written since the last replay)
         self._join = jax.jit(lambda *values: self.join(values))
         self._split = jax.jit(self.split)
 
@@ -72,21 +73,37 @@ class Pack:
 
     # -- on the host --------------------------------------------------------------------
     def take(self) -> jax.Array:
-        """The members' current values as one buffer, for a replay to consume (donate)."""
-        buffer = self.buffer
-        intact = buffer is not None and len(self.members) == len(self.storages) and all(
-            st.array is lz for st, lz in zip(self.storages, self.members))
-        if not intact:
-            packed = self._pack_now()    # (members still left unread are cut out first)
-            self.buffer, self.members = None, []
-            return packed
-        # a placeholder held beyond its storage gets its value before the buffer it would
-        # be cut from is given away (counted: the storage, the list, the loop's variable
-        # and getrefcount's argument)
-        if any(lz.value is None and sys.getrefcount(lz) > 4 for lz in self.members):
+        """The members' current values as one buffer, for a replay to consume (donate).
+        ``touched`` then says whether a member was read or written since the last replay."""
+        intact, self.touched, held = self._survey()
+        if held:
+            # a placeholder held beyond its storage gets its value before the buffer it
+            # would be cut from is given away
             self.fill(self.members[0])
-        self.buffer, self.members = None, []
+        buffer = self.buffer if intact else self._pack_now()   # (cuts out unread members first)
+        self.buffer = None
+        if self.touched or held:
+            self.members = []     # (else ``publish`` keeps them: nobody else has one)
         return buffer
+
+    def _survey(self) -> tuple[bool, bool, bool]:
+        """One pass over the members: (intact, touched, held): every member storage still
+        holds the placeholder the last replay left it; a member was read or written since;
+        an unread placeholder is held beyond its storage (a recording, a variable)."""
+        members = self.members
+        if self.buffer is None or len(members) != len(self.storages):
+            return False, True, False
+        intact, read, held = True, False, False
+        for st, lz in zip(self.storages, members):
+            kept = st.array is lz
+            intact = intact and kept
+            if lz.value is not None:
+                read = True
+            # held by its storage (if kept), the list, zip's reused tuple, the loop's
+            # variable and getrefcount's argument: anything more is a holder
+            elif sys.getrefcount(lz) > 4 + kept:
+                held = True
+        return intact, read or not intact, held
 
     def _pack_now(self) -> jax.Array:
         values = [lazy.concrete(st.array) for st in self.storages]
@@ -98,10 +115,20 @@ class Pack:
         return lazy_programs.run_on(self.index, self._join, values)
 
     def publish(self, buffer: jax.Array) -> None:
-        """A replay's new buffer: each member storage gets a placeholder for its slice."""
-        if self.members and any(lz.value is None and sys.getrefcount(lz) > 4 for lz in self.members):
-            self.fill(self.members[0])   # (a results-only pack: its old placeholders held elsewhere)
+        """A replay's new buffer: each member storage gets a placeholder for its slice.
+        Placeholders nobody read, wrote over or holds stand for the new buffer as they
+        are (the storages' versions still move on); the others are replaced."""
+        if self.members and not self.reads:   # results only: no ``take`` looked at them
+            _, touched, held = self._survey()
+            if held:
+                self.fill(self.members[0])   # (held elsewhere: they keep this replay's values)
+            if touched or held:
+                self.members = []
         self.buffer = buffer
+        if self.members:
+            for st in self.storages:
+                st.version += 1
+            return
         self.members = [Lazy(a, self, i) for i, a in enumerate(self.avals)]
         for st, lz in zip(self.storages, self.members):
             st.array, st.version = lz, st.version + 1

@@ -95,13 +95,12 @@ class Packed:
     def take(self) -> list[jax.Array] | None:
         """The packs' buffers for a call (each pack's members' current values), or None
         once the members were touched between ``RETIRE_AFTER`` calls in a row."""
-        touched = any(p.buffer is None or any(lz.value is not None or st.array is not lz
-                                              for st, lz in zip(p.storages, p.members))
-                      for p in self.packs)
-        self.misses = self.misses + 1 if touched else 0
+        buffers = [p.take() for p in self.packs]
+        self.misses = self.misses + 1 if any(p.touched for p in self.packs) else 0
         if self.misses > RETIRE_AFTER:
+            self.publish(buffers)   # (back: the storages' placeholders stand for them)
             return None
-        return [p.take() for p in self.packs]
+        return buffers
 
     def publish(self, buffers: Sequence[jax.Array]) -> None:
         for p, b in zip(self.packs, buffers):

@@ -168,10 +168,12 @@ def test_placeholders_nobody_touched_stand_for_the_next_buffer():
     assert kept[2][1] > kept[1][1]
 
 
-def test_a_placeholder_held_beyond_its_storage_keeps_its_step():
+@pytest.mark.parametrize("overwritten", ["one", "all"])
+def test_a_placeholder_held_beyond_its_storage_keeps_its_step(overwritten):
     """A member's placeholder kept by a holder that has not read it (a variable here; a
     deferred recording in the runtime) reads its own step's value after the next step,
-    also when its storage was written over in between (the buffer is cut up first)."""
+    also when its storage, or every member's storage, was written over in between (the
+    buffer is cut up before it is given to the next step)."""
     held, ref_values = [], []
 
     def between(i, opt):
@@ -181,7 +183,12 @@ def test_a_placeholder_held_beyond_its_storage_keeps_its_step():
                 held.extend(s["exp_avg"]._tpu_storage.array for s in states)
             else:
                 ref_values.extend(s["exp_avg"].clone() for s in states)
-            states[1]["exp_avg"].zero_()      # (after the holder took its placeholder)
+            # (after the holder took its placeholders)
+            for s in opt.state.values() if overwritten == "all" else states[1:]:
+                s["exp_avg"].zero_()
+                if overwritten == "all":
+                    s["exp_avg_sq"].zero_()
+                    s["step"].zero_()
     ref, _, ref_losses = _train("cpu", 4, between, compiled=False)
     m, opt, losses = _train("tpu", 4, between)
     _assert_trained_alike(m, losses, ref, ref_losses)

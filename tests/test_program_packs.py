@@ -144,24 +144,24 @@ def test_placeholders_nobody_touched_stand_for_the_next_buffer():
     """Between steps that touch no member, each member storage keeps its placeholder
     (no new one a step); its version still moves on, so a view's value cached before is
     read anew, and equals CPU's."""
-    kept, views = [], {}
+    kept, views, seen = [], {}, {"cpu": [], "tpu": []}
 
     def between(i, opt):
         st = opt.state[opt.param_groups[0]["params"][0]]["exp_avg"]
-        if "v" not in views:
-            views["v"] = st[1:3]
-        if st.device.type == "tpu":    # (a weak reference: a strong one would hold it)
+        dev = st.device.type
+        if dev not in views:       # one view, made after step 0; each read caches its value
+            views[dev] = st[1:3]
+        if dev == "tpu":    # (a weak reference: a strong one would hold it)
             before = kept[-1][0]() if kept else None
             kept.append((weakref.ref(st._tpu_storage.array), st._tpu_storage.version,
                          st._tpu_storage.array is before))
         if i in (0, 2, 3):
-            views.setdefault(st.device.type, []).append(views.pop("v").cpu().clone())
-            views["v"] = st[1:3]
+            seen[dev].append(views[dev].cpu().clone())
     ref, _, ref_losses = _train("cpu", 4, between, compiled=False)
-    views.pop("v")
     m, opt, losses = _train("tpu", 4, between)
     _assert_trained_alike(m, losses, ref, ref_losses)
-    for a, b in zip(views["cpu"], views["tpu"]):
+    assert len(seen["tpu"]) == len(seen["cpu"]) == 3
+    for a, b in zip(seen["cpu"], seen["tpu"]):
         assert_same(a, b)
     # nothing read the state between steps 1 and 2 only: step 2 kept step 1's placeholder
     assert [same for _, _, same in kept] == [False, False, True, False]
@@ -184,11 +184,11 @@ def test_a_placeholder_held_beyond_its_storage_keeps_its_step(overwritten):
             else:
                 ref_values.extend(s["exp_avg"].clone() for s in states)
             # (after the holder took its placeholders)
-            for s in opt.state.values() if overwritten == "all" else states[1:]:
-                s["exp_avg"].zero_()
-                if overwritten == "all":
-                    s["exp_avg_sq"].zero_()
-                    s["step"].zero_()
+            if overwritten == "all":     # every member: both moments and the step counts
+                for t in (t for s in opt.state.values() for t in s.values()):
+                    t.zero_()
+            else:
+                states[1]["exp_avg"].zero_()
     ref, _, ref_losses = _train("cpu", 4, between, compiled=False)
     m, opt, losses = _train("tpu", 4, between)
     _assert_trained_alike(m, losses, ref, ref_losses)

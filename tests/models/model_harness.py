@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import traceback
+import zlib
 from typing import Any, Callable
 
 import pytest
@@ -378,20 +379,33 @@ def check_train_step(case: Case) -> None:
                     f"{localise(case, True, F32)}", pytrace=False)
 
 
+FORWARD_SHARE = 2   # CI runs the forward of one forward-only model in this many
+
+
+def forward_in_ci(case: Case, train_in_ci: set[str]) -> bool:
+    """Whether CI runs ``case``'s forward check: not when its training step runs in CI (the
+    step runs the same forward), else for a fixed half of the models (by a hash of the name,
+    the same on every machine) and every known forward failure, so the xfails stay checked."""
+    if case.name in train_in_ci:
+        return False
+    return bool(case.xfail_forward) or zlib.crc32(case.name.encode()) % FORWARD_SHARE == 0
+
+
 def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Callable]:
     """A model file's two tests over its ``cases``: ``test_forward, test_train_step =
     suite_tests(CASES, {...})`` (pytest collects them by those names).
 
-    CI checks each model once: the training step of the models named in ``train_in_ci``
-    (one or two per mechanism the file covers; the step runs the same forward ops in train
-    mode), the forward of every other; ``--thorough`` runs both checks of every model. A
+    CI checks the training step of the models named in ``train_in_ci`` (one or two per
+    mechanism the file covers; the step runs the same forward ops in train mode) and the
+    forward of half the others (``forward_in_ci``); ``--thorough`` runs both checks of every
+    model. A
     training step costs CI about 10 s (most of it compiling the backward's ops), 97 of them
     a third of CI's time budget, and most models' backward ops are the same few dozen (each
     is also an op-level parity case)."""
     unknown = train_in_ci - {c.name for c in cases}
     assert not unknown, f"train_in_ci names models with no case: {sorted(unknown)}"
 
-    @pytest.mark.parametrize("case", [c.params("forward", c.name not in train_in_ci) for c in cases])
+    @pytest.mark.parametrize("case", [c.params("forward", forward_in_ci(c, train_in_ci)) for c in cases])
     def test_forward(case):
         check_forward(case)
 

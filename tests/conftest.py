@@ -12,12 +12,6 @@ os.environ.setdefault("TPU_KERNELS_CALL_CACHE", "0")
 # worker's memory mappings reaching the kernel's limit: see the hook below.)
 # TPU_KERNELS_JAX_CACHE=DIR turns it on for a local run.
 os.environ.setdefault("TPU_KERNELS_JAX_CACHE", "0")
-# XLA's CPU backend compiles at LLVM -O0 in the tests: most of the suite's time is XLA
-# compiling small programs (63% of an op test file's), and -O0 cuts that by ~15-20%. No fast
-# math either way (XLA's CPU default), so results keep IEEE semantics; the programs run slower,
-# which the tests' small shapes do not feel. Subprocesses inherit it.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

@@ -71,7 +71,7 @@ def load_known() -> dict[tuple[str, str], str]:
 
 KNOWN = load_known()
 
-CI_SHARE = 3   # CI runs one sampled case in this many (test_parity, test_opinfo, test_compiled)
+CI_SHARE = 4   # CI runs one sampled case in this many (test_parity, test_opinfo, test_compiled)
 
 
 def in_ci_sample(source: str, key: str) -> bool:

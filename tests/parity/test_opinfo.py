@@ -6,7 +6,7 @@ records the ATen overloads it calls; a sample none of whose overloads is registe
 skipped (the OpInfo does not map to the registry). Mapped samples run on tpu (default
 impl resolution) and are compared with ``tpu_kernels.testing.assert_same``.
 
-Time budget: CI runs a fixed third of the float32 cases (every listed known failure among
+Time budget: CI runs a fixed quarter of the float32 cases (every listed known failure among
 them: ``known.in_ci_sample``), the first 2 samples of each; the other float32 cases and the
 bfloat16 ones (first sample) are marked ``thorough`` (bfloat16's rounding and promotion are
 checked per op by test_parity.py's strategies in CI); the ``thorough`` profile (``make

@@ -397,11 +397,10 @@ def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Cal
 
     CI checks the training step of the models named in ``train_in_ci`` (one or two per
     mechanism the file covers; the step runs the same forward ops in train mode) and the
-    forward of a third of the others (``forward_in_ci``); ``--thorough`` runs both checks of every
-    model. A
-    training step costs CI about 10 s (most of it compiling the backward's ops), 97 of them
-    a third of CI's time budget, and most models' backward ops are the same few dozen (each
-    is also an op-level parity case)."""
+    forward of a third of the others (``forward_in_ci``); ``--thorough`` runs both checks of
+    every model. A training step costs CI about 10 s (most of it compiling the backward's
+    ops), 97 of them a third of CI's time budget, and most models' backward ops are the same
+    few dozen (each is also an op-level parity case)."""
     unknown = train_in_ci - {c.name for c in cases}
     assert not unknown, f"train_in_ci names models with no case: {sorted(unknown)}"
 

@@ -4,8 +4,9 @@ Each op with a strategy runs as a one-op compiled function (``fullgraph=True``: 
 break is a failure, not a silent eager fallback), forward and, for tier-1 float cases,
 backward, against CPU torch with the same tolerance table and known-failures list as
 test_parity.py (key ``<op>|compile:tpu``). Every op with a strategy is a case: one drawn
-call in the ``ci`` profile, 10 in ``thorough``. CI runs a fixed quarter of the tier-1 ops' cases
-(every listed known failure among them: ``known.in_ci_sample``; about 60 worker-seconds);
+call in the ``ci`` profile, 10 in ``thorough``. CI runs a fixed quarter of the tier-1 ops'
+cases (every listed known failure among them: ``known.in_ci_sample``; about 30
+worker-seconds);
 the others are marked ``thorough`` (their eager parity runs in CI, the compiled path lowers
 them with the same impls, and the compiled model tests run it whole).
 """

@@ -13,7 +13,8 @@ and for views the aliasing, strides and storage offset. For float cases of tier-
 CI runs the cases of tier-1 ops and of kernels, and a fixed quarter of the others (every
 listed known failure among them); ``--thorough`` runs them all. Examples per case: ``ci``
 profile 2 (kernels: Pallas/Helion in interpret mode, XLA lowerings, routes; a tier-1 known
-failure 3, the draws it was listed with), no shrinking; ``thorough`` 60 (kernels: 20), shrinking on.
+failure 3, the draws it was listed with), no shrinking; ``thorough`` 60 (kernels: 20),
+shrinking on.
 Override with TPU_KERNELS_PARITY_EXAMPLES. Known failures: known_failures.tsv.
 """
 from __future__ import annotations

@@ -108,6 +108,25 @@ def test_aliasing_outputs():
     close(tw.grad, w.grad)
 
 
+def test_outputs_that_are_views_of_another_output_carry_its_gradient():
+    """No input aliased, only outputs each other: the flattened graph's metadata calls them
+    plain, and the views once came back detached (a backward through the view alone
+    raised; through both, the view's share of the gradient was lost)."""
+    def f(x, w):
+        y = x @ w
+        return y, y.view(-1), y[0]
+
+    cf = torch.compile(f, backend="tpu")
+    x0, w0 = torch.randn(3, 4), torch.randn(4, 4)
+    for weights in ((0, 1, 0), (1, 2, 3)):
+        w, tw = w0.clone().requires_grad_(), w0.to("tpu").requires_grad_()
+        out, tout = f(x0, w), cf(x0.to("tpu"), tw)
+        assert all(o.requires_grad for o in tout)
+        sum(o.sum() * k for o, k in zip(out, weights)).backward()
+        sum(o.sum() * k for o, k in zip(tout, weights)).backward()
+        close(tw.grad, w.grad)
+
+
 def test_gradients_flow_from_eager_into_compiled_and_back():
     """eager layer -> compiled block -> eager layer: every parameter gets its gradient."""
     torch.manual_seed(0)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch._functorch._aot_autograd import utils as aot_utils
 from torch._functorch._aot_autograd.schemas import MutationType
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tpu_kernels import compile_fast_path
 from tpu_kernels.graph_outputs import tensor_of
@@ -60,6 +61,8 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
     why = compile_fast_path.unfit_metadata(forward, meta, inputs)
     if why is not None:
         return why
+    if _outputs_alias(forward, meta.num_outputs):
+        return "an output aliases another output or an intermediate"
     if meta.num_outputs_rng_offset:
         return "effect tokens, intermediate bases or functionalized rng"
     if aot_utils.saved_tensors_hooks_are_inlineable(aot_utils.top_saved_tensors_hooks()):
@@ -90,6 +93,18 @@ def _unfit(programs: Sequence[GraphProgram], inputs: Sequence[Any]) -> str | Non
         # the program writes the input's storage: its value before the write is gone
         return "an input the graph writes is saved for backward"
     return None
+
+
+def _outputs_alias(forward: GraphProgram, n_out: int) -> bool:
+    """Whether a user output of the forward graph is a view or shares its storage with
+    another. AOTAutograd's metadata on the flattened graph (tpu tensors' shadows) calls such
+    outputs plain; its wrappers know better and remake them as views of the output or
+    intermediate they alias, so that gradients reach through them."""
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+            for o in forward.gm.graph.output_node().args[0][:n_out]]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    storages = {StorageWeakRef(v.untyped_storage()) for v in tensors}
+    return len(storages) < len(tensors) or any(v._is_view() for v in tensors)
 
 
 def _tangents(backward: GraphProgram) -> list[int] | None:

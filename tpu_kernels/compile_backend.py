@@ -20,7 +20,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tpu_kernels import errors, compile_fast_path, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
+from tpu_kernels import errors, compile_fast_path, compile_output_bases, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.tensor import TpuTensor
@@ -75,6 +75,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     start = len(PROGRAMS)
     training = compile_fast_path.needs_autograd(example_inputs)
     gm = graph_patterns.rewrite(gm)
+    # outputs that are views of one intermediate: AOTAutograd remakes them for tpu tensors
+    # only from a returned tensor (compile_output_bases.py)
+    extra = compile_output_bases.return_shared_bases(gm) if training else 0
     # what AOTAutograd passes before Dynamo's arguments: the graph module's own tensors
     # (an optimizer's state, installed as attributes), in its order
     lifted = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
@@ -88,7 +91,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
                                 keep_inference_input_mutations=True)(gm, example_inputs)
     errors.raise_pending()   # an op that failed while the backward was traced (tensor.py)
     if training:
-        return compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
+        call = compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
+        return compile_output_bases.dropping_last(call, extra)
     return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
 
 

@@ -3,10 +3,11 @@
 For a training graph AOTAutograd's runtime wrappers flatten each tpu tensor into its shadow,
 run the forward ``GraphProgram`` inside its ``CompiledFunction`` (an autograd.Function),
 wrap the outputs again, and in backward coerce the gradients and run the backward
-program: about 60 µs a call for a one-layer MLP. Where AOTAutograd's metadata says those
-wrappers do nothing but the autograd.Function part (no output aliases an input, no input
-is mutated, no effect tokens, no functionalized rng, no symbolic sizes or opaque objects
-saved for backward, autocast off), ``_Compiled`` does that part itself: its forward
+program: about 60 µs a call for a one-layer MLP. Where AOTAutograd's metadata and the
+forward graph say those wrappers do nothing but the autograd.Function part (no output
+aliases an input or another output, no input is mutated, no effect tokens, no
+functionalized rng, no symbolic sizes or opaque objects saved for backward, autocast off),
+``_Compiled`` does that part itself: its forward
 calls the forward program on Dynamo's arguments, saves what the backward program takes
 (inputs saved as themselves, so an in-place change before backward is caught by
 autograd's version check, as eagerly) and marks outputs that need no gradient; its

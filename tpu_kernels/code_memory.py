@@ -9,8 +9,8 @@ reach the limit (a test suite's worker did, after ~2,000 tests).
 
 So JAX reports every executable it builds or loads to ``_on_event``; every
 ``CHECK_EVERY``-th, the process's mappings are counted, and past ``HIGH`` of the limit
-the runtime's caches are emptied (``memory.empty_cache``: what they held is rebuilt on
-use, from the persistent compile cache where it is on), with a warning.
+the runtime's caches and JAX's are emptied (``memory.empty_cache``: what they held is
+rebuilt on use, from the persistent compile cache where it is on), with a warning.
 The mark is half the limit because a compile maps memory of its own while it runs: a
 process kept within 1,500 mappings of the limit still crashed; one kept within 2,500 did not.
 ``TPU_KERNELS_MAX_MAPS_FRACTION`` sets ``HIGH`` (``0`` turns the guard off).

@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from tpu_kernels import devices
@@ -62,9 +63,14 @@ def on_empty_cache(hook: Callable[[], None]) -> None:
 
 
 def empty_cache() -> None:
-    """Drop cached executables and view programs (``torch.cuda.empty_cache``'s counterpart)."""
+    """Drop cached executables and view programs (``torch.cuda.empty_cache``'s counterpart):
+    the runtime's caches, then JAX's own (``jax.clear_caches``), which hold executables
+    that none of ours do (an operation JAX applies outside any jit keeps one). After three
+    transformers models a process had 3,096 memory mappings with ours emptied, 1,021 with
+    both (540 at its start); after sixteen, 15,877 with ours emptied."""
     for hook in _empty_cache_hooks:
         hook()
+    jax.clear_caches()
 
 
 def _jax_stats(device: Any) -> dict[str, int]:

@@ -28,11 +28,11 @@ def return_shared_bases(gm: fx.GraphModule) -> int:
                if isinstance(n.meta.get("example_value"), torch.Tensor)}
     returned = set(o for o in outs if isinstance(o, fx.Node))
     views_of: collections.Counter[fx.Node] = collections.Counter()
-    for o in returned:
-        base = getattr(o.meta.get("example_value"), "_base", None)
+    for o in outs:      # an output returned twice counts twice
+        base = getattr(o.meta.get("example_value"), "_base", None) if isinstance(o, fx.Node) else None
         node = made_by.get(id(base)) if base is not None else None
         if node is not None and node.op not in ("placeholder", "get_attr") and node not in returned:
-            views_of[node] += sum(1 for x in outs if x is o)
+            views_of[node] += 1
     bases = [n for n, k in views_of.items() if k > 1]
     if bases:
         output.args = (type(outs)([*outs, *bases]),)
@@ -48,5 +48,5 @@ def dropping_last(fn: Callable, n: int) -> Callable:
 
     def call(*args: Any) -> Any:
         return fn(*args)[:-n]
-    call.__wrapped__ = fn   # what it calls (tests tell the paths apart by it)
+    call.__wrapped__ = fn   # what it calls
     return call

@@ -325,6 +325,37 @@ def test_new_sizes_reuse_the_dynamic_graph():
     assert any(op == "tpu_kernels.cross_entropy.default" for op, _ in programs[2].impls), programs[2].impls
 
 
+@pytest.mark.parametrize("view", [
+    pytest.param(lambda m: m[:-1], id="[:-1]"), pytest.param(lambda m: m[1:], id="[1:]"),
+    pytest.param(lambda m: m[::2], id="[::2]"), pytest.param(lambda m: m.narrow(0, 0, 2), id="narrow"),
+])
+def test_eager_slices_of_outputs_fed_back_as_they_grow(view):
+    """A cache carried between compiled calls and sliced eagerly in between (XLNet's
+    ``generate`` trims its ``mems`` so), each call with a new size: the third call
+    recompiles with dynamic sizes, and Dynamo must make a fake of an input that is a view.
+    For tensor subclasses torch replays the view's slice with its bounds as symbols it
+    cannot bind ("we only expect to bind basic symbols ... s12 + s60"); a tpu view is
+    remade as one as_strided over its base instead. Values and gradients match CPU."""
+    def step(x, mems):
+        h = torch.cat([mems * 2, x], 0) if mems is not None else x
+        return h.sum(0), h
+
+    def run(device, backend):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        w = torch.randn(4).to(device).requires_grad_()
+        cf, mems, outs = torch.compile(step, backend=backend), None, []
+        for n in (2, 3, 4, 5):
+            out, mems = cf(torch.randn(n, 4).to(device) * w, mems)
+            mems = view(mems)
+            outs.append(out)
+        (sum(o.sum() for o in outs) + mems.sum()).backward()
+        return [o.detach().cpu() for o in outs] + [mems.detach().cpu(), w.grad.cpu()]
+
+    for got, want in zip(run("tpu", "tpu"), run("cpu", "aot_eager")):
+        close(got, want)
+
+
 def test_activation_checkpointing_recomputes_the_same_dropout():
     """``torch.utils.checkpoint`` in a compiled function: the backward program recomputes
     the region, and its dropout draws the mask the forward drew (AOTAutograd wraps the two

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -77,3 +77,18 @@ def source(shadow: torch.Tensor) -> tuple[Storage, tuple] | None:
     if type(shadow) is not torch.Tensor:
         return None
     return getattr(shadow, "_tpu_source", None)
+
+
+def view_replay(view: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """How to remake ``view`` over a new base (a tensor like its base, e.g. its fake):
+    ``replay(new_base, symint_visitor_fn=None, tensor_visitor_fn=None)``, one
+    ``as_strided`` with ``view``'s geometry, each int passed through the visitor (Dynamo's
+    fakification turns them into symbols it then equates with the view's own). It closes
+    over the geometry only: Dynamo's trace log prints it, and must not print the tensor."""
+    sizes, strides, offset, _ = geometry(view)
+
+    def replay(new_base: torch.Tensor, symint_visitor_fn: Callable[[int], Any] | None = None,
+               tensor_visitor_fn: Any = None) -> torch.Tensor:
+        visit = symint_visitor_fn or (lambda n: n)
+        return new_base.as_strided([visit(n) for n in sizes], [visit(n) for n in strides], visit(offset))
+    return replay

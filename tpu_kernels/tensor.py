@@ -150,6 +150,17 @@ class TpuTensor(torch.Tensor):
 
     _tpu_shadow = _ShadowSlot()
 
+    # Dynamo makes a fake of a view input by replaying its view chain on a fake of its
+    # base; for a subclass, torch 2.13 replays slices with the slice bounds as fresh
+    # symbols that a recompile with dynamic shapes cannot bind ("we only expect to bind
+    # basic symbols ... s12 + s60": an eager slice of a compiled output fed back in, as
+    # XLNet's generate does with its mems). Every tpu view is a strided window of its
+    # base's storage, so one as_strided over the base is the whole chain; its sizes are
+    # single symbols that torch equates with the view's own.
+    @property
+    def _view_func_unsafe(self) -> Callable[..., torch.Tensor]:
+        return shadow.view_replay(self)
+
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None):
         """This tensor as a compiled backward expects a tangent: itself, or (where the trace
         guessed a plain tensor: a mutated input's gradient) its shadow, which the program

@@ -284,21 +284,33 @@ def avg_pool_nd(x, outs, kernel_size, stride, padding, count_include_pad, diviso
     s, p = _tup(stride, nd, k), _tup(padding, nd)
     sizes = x.shape[-nd:]
     lead = x.ndim - nd
+    # a window never reaches data past n from its start (>= -p), so one wider than n + p sums
+    # the same clipped: a global pool written as AvgPool2d(2560, ceil_mode=True) over 19x19
+    # (EfficientNet's head) is then a 19x19 window, not 2560x2560 of padding per output
+    kw = tuple(min(kk, n + pp) for kk, n, pp in zip(k, sizes, p))
     # extra high padding for ceil_mode windows that run past the padded input
-    extra = [max(0, (o - 1) * st + kk - (n + 2 * pp)) for o, st, kk, n, pp in zip(outs, s, k, sizes, p)]
+    extra = [max(0, (o - 1) * st + kk - (n + 2 * pp)) for o, st, kk, n, pp in zip(outs, s, kw, sizes, p)]
     pads = [(0, 0)] * lead + [(pp, pp + e) for pp, e in zip(p, extra)]
     acc = float_compute(x.dtype)
     sums = lax.reduce_window(jnp.pad(x.astype(acc), pads), np.zeros((), acc), lax.add,
-                             (1,) * lead + k, (1,) * lead + s, "VALID")
+                             (1,) * lead + kw, (1,) * lead + s, "VALID")
     sums = sums[(...,) + tuple(slice(0, o) for o in outs)]
     if divisor_override is not None:
         return sums / divisor_override
-    # count_include_pad counts the conv padding but never the ceil_mode overhang
-    inner = [(n + 2 * pp) if count_include_pad else n for n, pp in zip(sizes, p)]
-    mask_pads = [(0, e) if count_include_pad else (pp, pp + e) for pp, e in zip(p, extra)]
-    mask = jnp.pad(jnp.ones(inner, acc), mask_pads)
-    counts = lax.reduce_window(mask, np.zeros((), acc), lax.add, k, s, "VALID")
-    return sums / counts[tuple(slice(0, o) for o in outs)]
+    return sums / _window_counts(outs, sizes, k, s, p, count_include_pad).astype(acc)
+
+
+def _window_counts(outs, sizes, k, s, p, count_include_pad: bool) -> np.ndarray:
+    """torch's avg_pool divisor at every output position (static shapes: numpy, no XLA
+    constant to fold). Per dim, the window [o*s - p, o*s - p + k) is cut at n + p;
+    count_include_pad counts the conv padding inside it, never the ceil_mode overhang."""
+    counts = np.ones((), np.int64)
+    for o, n, kk, st, pp in zip(outs, sizes, k, s, p):
+        start = np.arange(o) * st - pp
+        end = np.minimum(start + kk, n + pp)
+        per_dim = end - start if count_include_pad else np.minimum(end, n) - np.maximum(start, 0)
+        counts = np.multiply.outer(counts, per_dim)
+    return counts
 
 
 def _avg_pool(nd):

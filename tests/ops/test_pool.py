@@ -55,6 +55,10 @@ def test_max_pool3d():
     dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
     dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
     dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0), divisor_override=5),
+    # a window far wider than the input (EfficientNet's head: AvgPool2d(2560, ceil_mode=True)
+    # as a global pool): summed over the input only, not over 2560x2560 of padding
+    dict(kernel_size=2560, ceil_mode=True),
+    dict(kernel_size=(12, 9), stride=(3, 2), padding=(4, 2), ceil_mode=True, count_include_pad=False),
 ])
 def test_avg_pool2d(kw):
     check(lambda x: F.avg_pool2d(x, **kw), _r(2, 3, 7, 8, grad=True), grad=True)

@@ -389,6 +389,33 @@ def test_rng_state_hops_op_by_op():
     assert not torch.equal(after.cpu(), first.cpu())
 
 
+@pytest.mark.parametrize("draw", [
+    pytest.param(lambda: torch.rand([]), id="rand"),
+    pytest.param(lambda: torch.randperm(8), id="randperm"),
+    pytest.param(lambda: torch.randint(0, 10, (5,)), id="randint"),
+    pytest.param(lambda: torch.empty(6).bernoulli_(0.5), id="bernoulli_"),
+    pytest.param(lambda: F.dropout(torch.ones(8), 0.5, training=True), id="dropout"),
+    pytest.param(lambda: torch.multinomial(torch.ones(5), 3), id="multinomial"),
+])
+def test_random_ops_on_the_cpu_draw_anew_every_call(draw):
+    """A random op making a CPU tensor inside compiled code (a layer drop's
+    ``torch.rand([]) < p``, M2M100's and NLLB's) draws anew on every call, from the
+    program's key, and its result is still a CPU tensor of the eager dtype and shape. It
+    ran as a plain CPU op while the program was traced, so every call returned that one
+    draw: a layer drop decided once for all of training."""
+    x = torch.randn(3, device="tpu")
+    cf = torch.compile(lambda x: (x * 2, draw()), backend="tpu")
+    torch.manual_seed(0)
+    draws = [cf(x)[1] for _ in range(6)]
+    want = draw()
+    assert all(d.device.type == "cpu" and d.dtype == want.dtype and d.shape == want.shape for d in draws)
+    assert len({tuple(d.flatten().tolist()) for d in draws}) > 1, draws
+    torch.manual_seed(0)
+    close(cf(x)[1], draws[0], atol=0, rtol=0)      # torch.manual_seed replays them
+    if want.dtype == torch.int64:                  # each draw is one torch's op can give
+        assert all(0 <= int(d.min()) and int(d.max()) < 10 for d in draws)
+
+
 def test_compiled_under_inference_mode():
     """A compiled model called under ``torch.inference_mode()`` (an evaluation loop): a
     padding mask cast with ``.to(bool)`` and views of the parameters, matching CPU."""

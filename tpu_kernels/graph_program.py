@@ -27,6 +27,7 @@ from tpu_kernels import devices, dispatch, errors, inflight, program_packs, rand
 from tpu_kernels.dispatch.results import wrap_result
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.dispatch.graph_trace import PROGRAM_HOOKS, GraphTrace, tracing
+from tpu_kernels.graph_host_ops import constants_on_device, program_device, random_on_device
 from tpu_kernels.graph_inputs import HostScalars, source_of
 from tpu_kernels.graph_outputs import on_cpu, output_layout, pack_saved, source_of_output
 from tpu_kernels.host_writes import HostWrites
@@ -54,7 +55,8 @@ class GraphProgram(PackedCalls):
         self.impls: dict[tuple[str, str], int] = {}   # (op, impl kind) -> nodes, last trace
         self._layouts: dict[tuple, tuple] = {}  # statics -> where each output comes from
         self._outputs: dict[tuple, tuple] = {}  # statics -> (its layout, (op, checks) per flag)
-        _constants_on_device(gm)
+        constants_on_device(gm)
+        random_on_device(gm, program_device(example_inputs))
         # a result shape that depends on values (bool-mask indexing, repeat_interleave by
         # a tensor) cannot be one XLA program: such a graph runs op by op, as eager does
         self.eager = any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
@@ -321,25 +323,6 @@ def _concrete_like(val: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | 
     for d in reversed(order):
         stride[d], acc = acc, acc * max(shape[d], 1)
     return torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
-
-
-def _constants_on_device(gm: torch.fx.GraphModule) -> None:
-    """``torch.tensor(data, device="tpu")`` inside the compiled code is recorded as a CPU
-    constant copied into a device tensor (``tensor._lift_constant``): the program moves
-    the constant first (a value baked into it), so the copy is one between tpu tensors."""
-    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy.default):
-        dst, src = node.args[:2]
-        if _device(src) == "cpu" and _device(dst) == "tpu":
-            with gm.graph.inserting_before(node):
-                moved = gm.graph.call_function(torch.ops.aten._to_copy.default, (src,),
-                                               {"device": dst.meta["val"].device})
-            node.replace_input_with(src, moved)
-    gm.recompile()
-
-
-def _device(n: Any) -> str | None:
-    val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return val.device.type if isinstance(val, torch.Tensor) else None
 
 
 @functools.cache

@@ -89,3 +89,35 @@ def test_other_spellings_are_left_alone():
                       (_dropout_on, [])):
         done, _ = check(fn, _qkv() + extra, grads=3, off=False)
         assert "attention" not in done, (fn.__name__, done)
+
+
+def _out_added_into(q, k, v):            # Nystromformer: context += conv(value)
+    o = F.softmax(q @ k.transpose(-2, -1), -1) @ v
+    o += v
+    return o
+
+
+def _out_view_scaled(q, k, v):
+    o = F.softmax(q @ k.transpose(-2, -1), -1) @ v
+    o.transpose(1, 2).mul_(2)
+    return o
+
+
+def _out_relu_in_place(q, k, v):
+    return F.relu(F.softmax(q @ k.transpose(-2, -1), -1) @ v, inplace=True)
+
+
+def _out_item_assigned(q, k, v):
+    o = F.softmax(q @ k.transpose(-2, -1), -1) @ v
+    o[:, 0] = 0
+    return o
+
+
+def test_attention_written_into_later_is_left_as_written():
+    """Flash attention's derivative saves its output: an attention result that a later op
+    writes into, itself or through a view, stays the matmuls it was (rewritten, autograd
+    raised "modified by an inplace operation ... output 0 of
+    ScaledDotProductFlashAttentionForCpu" while compiling; CPU runs the hand-written code)."""
+    for fn in (_out_added_into, _out_view_scaled, _out_relu_in_place, _out_item_assigned):
+        done, _ = check(fn, _qkv(), grads=3, off=False)
+        assert "attention" not in done, (fn.__name__, done)

@@ -10,7 +10,10 @@ derivatives make the backward graph). One module per pattern family:
 
 Each rewrite keeps the graph's values: the replaced nodes' inputs have no other users,
 and the ops compute what the pattern computes (dtypes included: a pattern whose
-promotion differs is left as written). Only the nodes a rewrite left unused are erased
+promotion differs is left as written). A result a later op writes into (``o += c``
+after hand-written attention, Nystromformer's) is left as written: the fused op's
+derivative may save its output (flash attention's does), which autograd would then
+find changed. Only the nodes a rewrite left unused are erased
 (FX's own dead-code pass counts every ``call_method`` as pure, so it would drop the
 in-place ``index_copy_`` of a static KV cache, whose result nobody reads). ``REWRITES``
 counts what was rewritten in this process. The pass is on by default;
@@ -31,6 +34,7 @@ from torch import fx
 from tpu_kernels.graph_patterns.attention import attention
 from tpu_kernels.graph_patterns.cross_entropy import linear_cross_entropy
 from tpu_kernels.graph_patterns.glu import glu
+from tpu_kernels.graph_patterns.match import in_place, written_later
 from tpu_kernels.graph_patterns.norms import layer_norm, rms_norm
 from tpu_kernels.graph_patterns.rope import rope
 
@@ -47,7 +51,7 @@ def rewrite(gm: fx.GraphModule) -> fx.GraphModule:
     replaced: list[fx.Node] = []
     for name, rule in RULES:
         for node in list(gm.graph.nodes):
-            if not node.users:          # rewritten already (or dead)
+            if not node.users or written_later(node):   # rewritten already (or dead); written into
                 continue
             done = rule(gm.graph, node)
             if done:
@@ -71,13 +75,9 @@ def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
     while stack:
         n = stack.pop()
         if getattr(n, "_erased", False) or n.users or n.op not in ("call_function", "call_method") or n.is_impure() \
-                or _in_place(n):
+                or in_place(n):
             continue
         inputs = n.all_input_nodes
         graph.erase_node(n)
         stack.extend(i for i in inputs if i not in stack)
 
-
-def _in_place(node: fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")

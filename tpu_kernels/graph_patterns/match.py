@@ -93,3 +93,42 @@ def full_slice_then(index: Any, rank: int, last: Any) -> bool:
         return False
     head = index[:-1]
     return head == (Ellipsis,) or (len(head) == rank - 1 and all(h == slice(None) for h in head))
+
+
+# ops whose result shares its input's memory (method names or functions), and the Python
+# operators that write into their first argument (``o += c``, ``o[:, 0] = 0``)
+_VIEWS = ("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "flatten",
+          "unflatten", "narrow", "select", "t", "contiguous", "as_strided", "view_as", "unbind",
+          "split", "chunk", "movedim", "swapaxes", "diagonal", operator.getitem, torch.transpose,
+          torch.permute, torch.reshape, torch.flatten, torch.narrow, torch.select, torch.squeeze,
+          torch.unsqueeze, torch.movedim, torch.split, torch.chunk, torch.unbind, torch.t,
+          torch.swapaxes, torch.diagonal)
+_WRITES = (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+           operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+           operator.ilshift, operator.irshift, operator.setitem)
+
+
+def written_later(node: fx.Node) -> bool:
+    """Whether a later op writes into ``node``'s value or a view of it: an in-place method
+    or function (``add_``, ``relu(inplace=True)``), an augmented assignment, an item
+    assignment or an ``out=``. A fused op whose derivative saves its output (flash
+    attention) must not replace such a node: autograd would find the output changed."""
+    seen, stack = {node}, [node]
+    while stack:
+        n = stack.pop()
+        for user in n.users:
+            first = user.args[0] if user.args else None
+            if first is n and (in_place(user) or user.target in _WRITES or user.kwargs.get("inplace") is True):
+                return True
+            if user.kwargs.get("out") is n:
+                return True
+            if first is n and is_call(user, *_VIEWS) and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
+def in_place(node: fx.Node) -> bool:
+    """``node`` calls an in-place method or function (its name ends in one ``_``)."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")

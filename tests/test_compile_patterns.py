@@ -156,6 +156,32 @@ def test_gradients_flow_from_eager_into_compiled_and_back():
     grads_close(tpu, cpu)
 
 
+def test_assignment_through_a_constant_mask_trains_as_on_cpu():
+    """``h[mask] = v`` with a mask made from numpy inside compiled training (wav2vec2's,
+    HuBERT's and Data2VecAudio's SpecAugment, on by default in training): its gradient
+    needs ``nonzero``, which a trace cannot size, so Dynamo runs that stretch eagerly, as
+    it does on CPU. It failed the compile, and once split off the error crossed torch's
+    autograd engine and ended the process (std::terminate)."""
+    import numpy as np
+
+    def f(x, w, v):
+        h = x @ w
+        mask = torch.tensor(np.random.RandomState(0).rand(2, 5) < 0.4, device=h.device)
+        h[mask] = v.to(h.dtype)
+        return (h * h).sum()
+
+    torch.manual_seed(0)
+    args = [torch.randn(2, 5, 8), torch.randn(8, 8, requires_grad=True), torch.randn(8, requires_grad=True)]
+    want = f(*args)
+    want.backward()
+    targs = [a.detach().to("tpu").requires_grad_(a.requires_grad) for a in args]
+    got = torch.compile(f, backend="tpu")(*targs)
+    got.backward()
+    close(got, want.detach(), atol=1e-4)
+    for t, a in zip(targs[1:], args[1:]):
+        close(t.grad, a.grad, atol=1e-4)
+
+
 def test_graph_break_keeps_both_sides_valid():
     def f(x, w):
         h = torch.tanh(x @ w)

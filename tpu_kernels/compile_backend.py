@@ -17,6 +17,7 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import exceptions_allowed_to_be_fallback
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -85,15 +86,32 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
     # a training graph's backward program is compiled now, not at the first backward, so
     # compile_train_fast_path can call both
     eager_backward = training and compile_train_fast_path.ON
-    with torch._functorch.config.patch(force_non_lazy_backward_lowering=eager_backward):
-        compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
-                                bw_compiler=functools.partial(compiler, role="backward"),
-                                keep_inference_input_mutations=True)(gm, example_inputs)
-    errors.raise_pending()   # an op that failed while the backward was traced (tensor.py)
+    try:
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=eager_backward), errors.tracing_for_tpu():
+            compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
+                                    bw_compiler=functools.partial(compiler, role="backward"),
+                                    keep_inference_input_mutations=True)(gm, example_inputs)
+    except Exception:
+        _raise_traced_backward_error()    # the cause, where an op failed first
+        raise
+    _raise_traced_backward_error()
     if training:
         call = compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
         return compile_output_bases.dropping_last(call, extra)
     return compile_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
+
+
+def _raise_traced_backward_error() -> None:
+    """Raise an op's error kept while AOTAutograd traced the backward (tensor.py). A data-
+    dependent shape (the gradient of ``h[mask] = v``: ``nonzero``) raises as itself, so
+    Dynamo runs that code eagerly, as it does for any backend, instead of failing the
+    compile."""
+    try:
+        errors.raise_pending()
+    except errors.DeferredError as err:
+        if isinstance(err.__cause__, exceptions_allowed_to_be_fallback):
+            raise err.__cause__ from None
+        raise
 
 
 def register() -> None:

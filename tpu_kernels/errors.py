@@ -11,9 +11,10 @@ device-side asserts.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -116,6 +117,27 @@ def _check_watched(keep: int = 0) -> None:
 def in_backward() -> bool:
     """True while torch's autograd engine runs a backward graph on this thread."""
     return torch._C._current_graph_task_id() != -1
+
+
+_tracing = threading.local()
+
+
+@contextlib.contextmanager
+def tracing_for_tpu() -> Iterator[None]:
+    """The ``tpu`` compile backend traces a graph (AOTAutograd runs its backward on fake
+    tensors inside torch's autograd engine): an op that fails there on plain tensors is
+    kept (``defer``), as one on tpu tensors is, not raised through the engine."""
+    old = getattr(_tracing, "on", False)
+    _tracing.on = True
+    try:
+        yield
+    finally:
+        _tracing.on = old
+
+
+def keeps_traced_backward_errors() -> bool:
+    """An error raised now would cross torch's autograd engine while tpu graphs are traced."""
+    return getattr(_tracing, "on", False) and in_backward()
 
 
 # Flags are read in stacks of _STACK of one shape: on a TPU v5e host, reading 128 flags one

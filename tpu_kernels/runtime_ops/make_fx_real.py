@@ -11,6 +11,12 @@ Here a real tpu tensor (one with a storage, outside torch.compile's fake trace) 
 type the proxy mode handles for that call: the op goes into the graph with the tensor as
 a constant, as a CPU tensor would. Traced tpu tensors (torch.compile) keep torch's path,
 where ``__torch_dispatch__`` runs the op on their shadows.
+
+The same call is where an op on plain fake tensors fails while AOTAutograd traces a tpu
+graph's backward (``nonzero`` for the gradient of ``h[mask] = v`` with a constant CPU
+mask, wav2vec2's SpecAugment): raised there, the error crosses torch's autograd engine,
+which then ends the process (std::terminate, tensor.py's ``_traced_backward_error``). It
+is kept instead, for the ``tpu`` backend to raise once the trace is over.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import torch
 from torch.fx.experimental import proxy_tensor
 from torch.utils._pytree import tree_leaves
 
+from tpu_kernels import errors
 from tpu_kernels.tensor import TpuTensor
 
 _PROXY_CALL = proxy_tensor.proxy_call
@@ -42,7 +49,13 @@ def _real_tpu(args: Any, kwargs: Any) -> bool:
 def proxy_call(proxy_mode: Any, func: Any, pre_dispatch: bool, args: tuple, kwargs: dict) -> Any:
     if (torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_FAKE) is not None
             or not _real_tpu(args, kwargs)):
-        return _PROXY_CALL(proxy_mode, func, pre_dispatch, args, kwargs)
+        if not errors.keeps_traced_backward_errors():
+            return _PROXY_CALL(proxy_mode, func, pre_dispatch, args, kwargs)
+        try:
+            return _PROXY_CALL(proxy_mode, func, pre_dispatch, args, kwargs)
+        except Exception as exc:   # kept for the backend to raise; an undefined result
+            errors.defer(exc, str(func))   # lets the engine finish (tensor.py's reason)
+            return None
     with _LOCK:
         before = proxy_tensor.HANDLED_TYPES
         proxy_tensor.HANDLED_TYPES = (*before, TpuTensor)

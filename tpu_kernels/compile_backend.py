@@ -91,10 +91,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str |
             compiled = aot_autograd(fw_compiler=functools.partial(compiler, role="forward" if training else "inference"),
                                     bw_compiler=functools.partial(compiler, role="backward"),
                                     keep_inference_input_mutations=True)(gm, example_inputs)
-    except Exception:
-        _raise_traced_backward_error()    # the cause, where an op failed first
-        raise
-    _raise_traced_backward_error()
+    finally:   # an op's error kept while the backward was traced: the cause, if AOTAutograd failed too
+        _raise_traced_backward_error()
     if training:
         call = compile_train_fast_path.fast_path(PROGRAMS[start:], lifted, example_inputs) or compiled
         return compile_output_bases.dropping_last(call, extra)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from tpu_kernels import devices
+from tpu_kernels.host_writes import cpu_valued
 
 _SEEDED = torch.Tag.nondeterministic_seeded
 
@@ -24,7 +25,7 @@ def constants_on_device(gm: torch.fx.GraphModule) -> None:
     the constant first (a value baked into it), so the copy is one between tpu tensors."""
     for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy.default):
         dst, src = node.args[:2]
-        if device_type(src) == "cpu" and device_type(dst) == "tpu":
+        if _device_type(src) == "cpu" and _device_type(dst) == "tpu":
             with gm.graph.inserting_before(node):
                 moved = gm.graph.call_function(torch.ops.aten._to_copy.default, (src,),
                                                {"device": dst.meta["val"].device})
@@ -41,12 +42,12 @@ def random_on_device(gm: torch.fx.GraphModule, device: torch.device) -> int:
     for node in list(gm.graph.nodes):
         target = node.target
         if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
-                or _SEEDED not in target.tags or _result_device(node) != "cpu"):
+                or _SEEDED not in target.tags or not cpu_valued(node)):
             continue
         if any(a.name == "device" for a in target._schema.arguments):
             node.update_kwarg("device", device)
         for arg in node.all_input_nodes:
-            if arg.op != "placeholder" and device_type(arg) == "cpu":
+            if arg.op != "placeholder" and cpu_valued(arg):
                 with gm.graph.inserting_before(node):
                     on_device = gm.graph.call_function(torch.ops.aten._to_copy.default, (arg,),
                                                        {"device": device})
@@ -66,14 +67,7 @@ def program_device(example_inputs: Sequence[Any]) -> torch.device:
     return torch.device("tpu", devices.current_device())
 
 
-def _result_device(node: torch.fx.Node) -> str | None:
-    """The device type of a node's (first) tensor result: native_dropout returns two."""
-    val = node.meta.get("val")
-    first = next((v for v in val if isinstance(v, torch.Tensor)), None) if isinstance(val, (tuple, list)) else val
-    return first.device.type if isinstance(first, torch.Tensor) else None
-
-
-def device_type(n: Any) -> str | None:
+def _device_type(n: Any) -> str | None:
     """The device type of the value an FX node recorded (None for a non-tensor)."""
     val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
     return val.device.type if isinstance(val, torch.Tensor) else None

@@ -21,7 +21,7 @@ class HostWrites:
     """The graph's ``copy_`` into a CPU input whose new value needs only CPU inputs."""
 
     def __init__(self, gm: torch.fx.GraphModule, tensor_positions: dict[torch.fx.Node, int]) -> None:
-        on_host: set[torch.fx.Node] = {n for n in tensor_positions if _on_cpu(n)}
+        on_host: set[torch.fx.Node] = {n for n in tensor_positions if cpu_valued(n)}
         self.nodes: list[torch.fx.Node] = []        # host ops, in graph order
         self.writes: list[tuple[int, torch.fx.Node]] = []   # (tensor position, new value)
         for n in gm.graph.nodes:
@@ -61,7 +61,7 @@ def _generated(inputs: list[int], positions: dict[torch.fx.Node, int], nodes: li
     return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
 
-def _on_cpu(n: Any) -> bool:
+def cpu_valued(n: Any) -> bool:
     """A CPU tensor, or a list of them (a foreach op's result)."""
     val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
     vals = val if isinstance(val, (list, tuple)) and val else [val]
@@ -76,7 +76,7 @@ def _host_op(n: torch.fx.Node, on_host: set) -> bool:
                                            or torch.Tag.nondeterministic_seeded in target.tags):
         return False
     inputs = n.all_input_nodes
-    return _on_cpu(n) and bool(inputs) and all(i in on_host for i in inputs)
+    return cpu_valued(n) and bool(inputs) and all(i in on_host for i in inputs)
 
 
 def _ancestors(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:

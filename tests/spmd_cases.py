@@ -8,7 +8,8 @@ import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# kept: flags the test run set (conftest: the CPU backend's optimization level)
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -26,7 +26,7 @@ CASES = os.path.join(os.path.dirname(__file__), "spmd_cases.py")
 
 
 def _run(case: str, *args: str, timeout: int = 900) -> str:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
                JAX_PLATFORMS="cpu")
     p = subprocess.run([sys.executable, CASES, case, *args], capture_output=True, text=True,
                        timeout=timeout, env=env)

@@ -121,7 +121,8 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu",
                TPU_KERNELS_JAX_CACHE="0")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

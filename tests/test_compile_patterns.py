@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tpu_kernels import compile_backend, registry
+from tpu_kernels import compile_backend, compile_train_fast_path, registry
 
 
 @pytest.fixture(autouse=True)
@@ -377,6 +377,34 @@ def test_eager_slices_of_outputs_fed_back_as_they_grow(view):
             outs.append(out)
         (sum(o.sum() for o in outs) + mems.sum()).backward()
         return [o.detach().cpu() for o in outs] + [mems.detach().cpu(), w.grad.cpu()]
+
+    for got, want in zip(run("tpu", "tpu"), run("cpu", "aot_eager")):
+        close(got, want)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "aot_path"])
+def test_gradients_contiguous_with_other_strides_reach_the_backward(fast, monkeypatch):
+    """A gradient torch counts as contiguous whose strides differ from the output's: ``g.t()``
+    of shape (4, 1), and zero-size ones (a zero-width cache carried across a recompile with
+    dynamic sizes). On AOTAutograd's own runtime path it restrides the shadow inside, which
+    made a tpu tensor where it expects a plain one ('expected SubclassCreationMeta, got
+    PlainTensorMeta'). Values and gradients match CPU, on both runtime paths."""
+    monkeypatch.setattr(compile_train_fast_path, "ON", fast)
+
+    def run(device, backend):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        x = torch.randn(4, 3).to(device).requires_grad_()
+        w = torch.randn(3, 1).to(device)
+        torch.compile(lambda x: x @ w, backend=backend)(x).backward(torch.arange(4.).reshape(1, 4).to(device).t())
+        f = torch.compile(lambda z, m: (h := torch.cat([m * 2, z]), h.sum(0))[::-1], backend=backend)
+        outs = []
+        for n in (2, 3, 4):
+            z, m = (torch.randn(n, 0).to(device).requires_grad_() for _ in range(2))
+            outs += [*f(z, m)]
+            sum(o.sum() for o in outs[-2:]).backward()
+            outs += [z.grad, m.grad]
+        return [x.grad] + [o.detach().cpu() for o in outs]
 
     for got, want in zip(run("tpu", "tpu"), run("cpu", "aot_eager")):
         close(got, want)

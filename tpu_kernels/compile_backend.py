@@ -18,10 +18,11 @@ from functorch.compile import make_boxed_func
 from torch._dynamo import list_backends, register_backend
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import exceptions_allowed_to_be_fallback
+from torch._functorch._aot_autograd import runtime_wrappers
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from tpu_kernels import errors, compile_fast_path, compile_output_bases, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
+from tpu_kernels import errors, compile_fast_path, shadow, compile_output_bases, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
 from tpu_kernels.compile_options import CompileOptions
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.tensor import TpuTensor
@@ -47,7 +48,30 @@ def _traced_device_copies() -> None:
     FakeTensorMode.may_turn_const = may_turn_const
 
 
+def _plain_restrided_tangents() -> None:
+    """A gradient that torch counts as contiguous but whose strides differ from the traced
+    output's (zero-size; a size-1 dim's stride, as ``g.t()`` of shape (4, 1) has) reaches
+    AOTAutograd's runtime path (the one ``compile_train_fast_path`` leaves to it), which
+    restrides the tpu tensor's inner shadow with ``torch.empty_strided`` on its device: a
+    tpu tensor, where a plain inner tensor is expected ('expected SubclassCreationMeta, got
+    PlainTensorMeta'), and a shadow cannot be copied from. The shadow's tpu tensor is
+    restrided instead, and its shadow is the plain tensor."""
+    coerce = runtime_wrappers.coerce_to_expected_memory_format
+    if getattr(coerce, "_tpu_kernels", False):
+        return
+
+    def coerce_to_expected_memory_format(x: torch.Tensor, memory_format: Any) -> torch.Tensor:
+        if shadow.source(x) is None:            # not a real shadow: torch's own
+            return coerce(x, memory_format)
+        real = TpuTensor.__tensor_unflatten__({"_tpu_shadow": x}, None, x.shape, x.stride())
+        out = coerce(real, memory_format)
+        return x if out is real else out._tpu_shadow
+    coerce_to_expected_memory_format._tpu_kernels = True
+    runtime_wrappers.coerce_to_expected_memory_format = coerce_to_expected_memory_format
+
+
 _traced_device_copies()
+_plain_restrided_tangents()
 optim_defaults.install_compiled()   # a compiled opt.step counts on the device, as on CUDA
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench
 

@@ -146,7 +146,11 @@ class TpuTensor(torch.Tensor):
         src = shadow.source(inner)                # its tensor is gone: a new one, same view
         if src is not None:
             return TpuTensor(src[0], *src[1])
-        return TpuTensor._traced(inner, outer_size, outer_stride)
+        # the shadow's own (symbolic) sizes: torch then compares them with ``outer_size``
+        # and ``outer_stride``, which equates Dynamo's outer and inner symbols (given the
+        # outer ones, nothing ties the two, and a guard on an outer symbol that no input
+        # binds failed: 'sources must not be empty for symbol s3', as the hash seed fell)
+        return TpuTensor._traced(inner)
 
     _tpu_shadow = _ShadowSlot()
 

@@ -26,8 +26,7 @@ CASES = os.path.join(os.path.dirname(__file__), "spmd_cases.py")
 
 
 def _run(case: str, *args: str, timeout: int = 900) -> str:
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")   # spmd_cases.py sets its 8 devices itself
     p = subprocess.run([sys.executable, CASES, case, *args], capture_output=True, text=True,
                        timeout=timeout, env=env)
     assert p.returncode == 0 and f"ok {case}" in p.stdout, p.stdout[-3000:] + p.stderr[-6000:]

@@ -88,11 +88,11 @@ class TpuTensor(torch.Tensor):
         return r
 
     @classmethod
-    def _traced(cls, inner: torch.Tensor, size=None, stride=None) -> "TpuTensor":
-        """A traced tpu tensor: the wrapper around a fake shadow, with no jax storage."""
+    def _traced(cls, inner: torch.Tensor) -> "TpuTensor":
+        """A traced tpu tensor: the wrapper around a fake shadow, with no jax storage, and
+        the shadow's (symbolic) geometry."""
         r = torch.Tensor._make_wrapper_subclass(
-            cls, inner.shape if size is None else size,
-            strides=inner.stride() if stride is None else stride,
+            cls, inner.shape, strides=inner.stride(),
             storage_offset=inner.storage_offset(), dtype=inner.dtype, device=inner.device,
             requires_grad=inner.requires_grad)
         r._tpu_storage = None

@@ -10,7 +10,9 @@ Llama with its own ``.loss`` 8.15 vs 5.16 ms and with an eager loss 8.65 vs 6.57
 Running the recording when backward returns (the optimizer's Python then overlaps the
 forward and backward) recovered only part: 5.0, 159.2, 7.53 and 7.85 ms. On a TPU v5e
 it did not pay either: the small GPT's compiled step 5.22 ms recorded vs 5.08 ms one by
-one (hand-written JAX 0.97 ms; ``bench/results/tpu_v5e/2026-12-04-s23.md``).
+one (hand-written JAX 0.97 ms; ``bench/results/tpu_v5e/2026-12-04-s23.md``), and again
+later: small 4.9 vs 3.7 ms, medium 9.8 vs 6.1 ms (``2026-12-06-s35.md``: the recording's
+fused program donates nothing, so the optimizer writes parameters and moments anew).
 
 A compiled training step is several programs: the forward graph (``loss = cm(x)``), the
 backward graph (``loss.backward()``) and, with ``torch.compile(opt.step)``, the

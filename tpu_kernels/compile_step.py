@@ -11,8 +11,8 @@ Running the recording when backward returns (the optimizer's Python then overlap
 forward and backward) recovered only part: 5.0, 159.2, 7.53 and 7.85 ms. On a TPU v5e
 it did not pay either: the small GPT's compiled step 5.22 ms recorded vs 5.08 ms one by
 one (hand-written JAX 0.97 ms; ``bench/results/tpu_v5e/2026-12-04-s23.md``), and again
-later: small 4.9 vs 3.7 ms, medium 9.8 vs 6.1 ms (``2026-12-06-s35.md``: the recording's
-fused program donates nothing, so the optimizer writes parameters and moments anew).
+later: small 4.9 vs 3.7 ms, medium 9.8 vs 6.1 ms (``2026-12-06-s35.md``: about the
+host-bound step plus its device time, which one by one overlaps the next program's Python).
 
 A compiled training step is several programs: the forward graph (``loss = cm(x)``), the
 backward graph (``loss.backward()``) and, with ``torch.compile(opt.step)``, the

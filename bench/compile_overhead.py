@@ -27,14 +27,22 @@ times, in µs per call (best of several rounds of ``--calls`` calls, the last re
   On a 2-core machine a bare jit add costs ~8 µs within 10 µs of the last call and
   ~22-26 µs from 50 µs on (``jax_cpu_enable_async_dispatch=False`` runs it inline: ~7 µs
   at any spacing); on a TPU host the wake-up is not there;
+- ``exe-cold``: the executable called right after the ``frame`` case's call (that call's
+  time taken out): the launch as it runs inside a compiled call, after Dynamo's Python. On
+  the TPU v5e host a launch is ~120 µs of host work back to back and ~60 µs more after a
+  frame (``bench/results/tpu_v5e/2026-12-06-s35.md``; a busy wait does not slow it, Python
+  that touches memory does);
 - ``graph``: the call captured once with ``torch.tpu.graph`` and replayed (no Dynamo, no
   autograd, no per-op Python: the storages' arrays into one jitted call and back).
 
 ``overhead`` = compiled - exe (the issue's target: at most 20 µs); ``over-idle`` = compiled
 - exe-idle, the same with the program's call costed as it runs inside the frame (XLA's
-wake-up is the CPU backend's, not ours); ``graph-exe`` = graph - exe. Eager is the same code
-op by op. ``jit`` and ``exe`` are called back to back, which the CPU backend pipelines: a
-call between other Python work (as inside ``program`` or ``compiled``) costs it more. Shared machines make absolute figures noisy: compare columns of one run;
+wake-up is the CPU backend's, not ours); ``over-cold`` = compiled - exe-cold: Dynamo's
+frame and our wrappers, the launch costed as it runs after them; ``graph-exe`` = graph -
+exe. Eager is the same code op by op. ``jit`` and ``exe`` are called back to back, which
+the CPU backend pipelines: a call between other Python work (as inside ``program`` or
+``compiled``) costs it more. Shared machines make absolute figures noisy: compare columns
+of one run;
 ``--clock cpu`` times the calling thread's CPU time instead of wall time (the Python and
 dispatch work of each layer, steady on a loaded machine; the executable's own run on
 XLA's threads is then left out).
@@ -149,9 +157,10 @@ class _Probe:
         return self.aot(*args)
 
 
-def _frame(fn: Callable, args: tuple, calls: int, clock: str) -> dict[str, float]:
+def _frame(fn: Callable, args: tuple, calls: int, clock: str, exe: Callable[[], Any]) -> dict[str, float]:
     """``frame`` and ``guards``: ``fn`` compiled with a backend that runs nothing (the
-    frame, guards and bytecode of the real compile: same code, same arguments)."""
+    frame, guards and bytecode of the real compile: same code, same arguments); and
+    ``exe-cold``: ``exe()`` called right after that frame, the frame's time taken out."""
     torch._dynamo.reset()
     out = fn(*args)
     replay = torch.compile(fn, backend=_Replay([out] if isinstance(out, torch.Tensor) else list(out)))
@@ -159,12 +168,13 @@ def _frame(fn: Callable, args: tuple, calls: int, clock: str) -> dict[str, float
     guards = _guard_check(fn, args)
     row = {"frame": _per_call(lambda: replay(*args), calls, clock=clock)}
     row["guards"] = _per_call(guards, calls, clock=clock) if guards else float("nan")
+    row["exe-cold"] = _per_call(lambda: (replay(*args), exe())[1], calls, clock=clock) - row["frame"]
+    torch._dynamo.reset()
     return row
 
 
 def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall") -> dict[str, float]:
     with torch.set_grad_enabled(name in GRAD):
-        row = _frame(fn, args, calls, clock)
         torch._dynamo.reset()
         probe = _Probe()
         start = len(compile_backend.PROGRAMS)
@@ -195,18 +205,20 @@ def measure(name: str, fn: Callable, args: tuple, calls: int, clock: str = "wall
             "eager": lambda: fn(*args),
             "graph": replaying(lambda: fn(*args)),
         }
-        row.update({k: _per_call(f, calls, clock=clock) for k, f in timed.items()})
+        row = {k: _per_call(f, calls, clock=clock) for k, f in timed.items()}
         row["exe-idle"] = _idle_call(timed["exe"], calls, clock)
+        row.update(_frame(fn, args, calls, clock, timed["exe"]))    # (last: it resets Dynamo)
     row["overhead"] = row["compiled"] - row["exe"]
     row["over-idle"] = row["compiled"] - row["exe-idle"]
+    row["over-cold"] = row["compiled"] - row["exe-cold"]
     row["graph-exe"] = row["graph"] - row["exe"]
     return row
 
 
 def run(calls: int = 2000, out=print, clock: str = "wall") -> list[dict]:
     rows = []
-    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "exe-idle", "eager", "graph",
-            "overhead", "over-idle", "graph-exe"]
+    cols = ["compiled", "frame", "guards", "aot", "program", "jit", "exe", "exe-idle", "exe-cold", "eager",
+            "graph", "overhead", "over-idle", "over-cold", "graph-exe"]
     out(f"{'case':<15}" + "".join(f"{c:>10}" for c in cols) + "   (µs per call)")
     for name, (fn, args) in _cases().items():
         row = measure(name, fn, args, calls, clock)

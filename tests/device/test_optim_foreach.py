@@ -1,6 +1,7 @@
 """torch's optimizers take their foreach path for tpu parameters by default, as for CUDA
-ones (``optim_defaults.py``), and match CPU; ``foreach=False`` still takes the loop;
-``clip_grad_norm_`` and ``clip_grad_value_`` take their foreach ops."""
+ones, Adam and AdamW their fused step (``optim_defaults.py``), and match CPU;
+``foreach=False`` still takes the loop, ``foreach=True`` foreach; a compiled first step
+keeps foreach; ``clip_grad_norm_`` and ``clip_grad_value_`` take their foreach ops."""
 from __future__ import annotations
 
 import collections
@@ -56,12 +57,54 @@ def _train(opt_name: str, device: str, steps: int = 3, **kw):
     return model, ops.seen
 
 
+FUSED = {"Adam": "_fused_adam_", "AdamW": "_fused_adamw_"}
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_an_optimizer_takes_the_foreach_path_on_tpu_and_matches_cpu(name):
     cpu, _ = _train(name, "cpu")
     tpu, seen = _train(name, "tpu")
-    foreach_ops = sum(n for op, n in seen.items() if op.startswith("_foreach_"))
-    assert foreach_ops > 0, f"{name} took the per-parameter loop: {dict(seen)}"
+    if name in FUSED:     # one fused op and the step counters' increment
+        ops = {op for op in seen if not op.startswith("_record_function")}
+        assert ops == {FUSED[name], "_foreach_add_"} and seen[FUSED[name]] == 1, dict(seen)
+    else:
+        foreach_ops = sum(n for op, n in seen.items() if op.startswith("_foreach_"))
+        assert foreach_ops > 0, f"{name} took the per-parameter loop: {dict(seen)}"
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [{"foreach": True}, {"fused": False}], ids=["foreach", "fused_false"])
+def test_adamw_told_its_path_keeps_it(kw):
+    """``foreach=True`` takes foreach; ``fused=False`` alone is torch's per-parameter loop
+    (torch picks foreach only when neither is given)."""
+    cpu, _ = _train("AdamW", "cpu")
+    tpu, seen = _train("AdamW", "tpu", **kw)
+    assert not any(op.startswith("_fused") for op in seen), dict(seen)
+    assert (seen["_foreach_lerp_"] == 1) == ("foreach" in kw), dict(seen)
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("first", ["eager", "compiled"])
+def test_adamw_compiled_after_an_eager_or_compiled_first_step_matches_cpu(first):
+    """A first eager step makes the group fused, and the compiled step then traces the fused
+    op; a compiled first step keeps foreach (the hook does not run while compiling)."""
+    torch._dynamo.reset()
+    models = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        step = torch.compile(opt.step, backend="tpu" if device == "tpu" else "eager")
+        x = torch.randn(4, 6).to(device)
+        for k in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            (opt.step if k == 0 and first == "eager" else step)()
+        models[device] = (model, opt)
+    (cpu, _), (tpu, opt) = models["cpu"], models["tpu"]
+    assert opt.param_groups[0]["fused"] is (True if first == "eager" else None)
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
 

@@ -1,7 +1,8 @@
 """torch's optimizers take their foreach path for tpu parameters by default, as for CUDA
 ones, Adam and AdamW their fused step (``optim_defaults.py``), and match CPU;
 ``foreach=False`` still takes the loop, ``foreach=True`` foreach; a compiled first step
-keeps foreach; ``clip_grad_norm_`` and ``clip_grad_value_`` take their foreach ops."""
+keeps foreach; fused AdamW under a GradScaler matches CPU; ``clip_grad_norm_`` and
+``clip_grad_value_`` take their foreach ops."""
 from __future__ import annotations
 
 import collections
@@ -149,3 +150,30 @@ def test_clip_grad_value_takes_foreach_clamps_and_matches_cpu():
     assert ops.seen["_foreach_clamp_min_"] == 1 and ops.seen["_foreach_clamp_max_"] == 1
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.grad.cpu(), a.grad)
+
+
+def _scaled_steps(device: str) -> tuple[torch.nn.Module, float, bool]:
+    """AdamW under a GradScaler: two clean steps, one that overflows (skipped), one more."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**4, growth_interval=2)
+    x = torch.randn(4, 6).to(device)
+    for k in range(4):
+        opt.zero_grad()
+        loss = model(x).square().mean() * (float("inf") if k == 2 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return model, scaler.get_scale(), bool(opt.param_groups[0]["fused"])
+
+
+def test_fused_adamw_under_a_grad_scaler_matches_cpu():
+    """From its second step the fused AdamW takes the scale and the overflow flag itself
+    (``_step_supports_amp_scaling``), as with ``fused=True`` on CUDA: an overflowing step
+    is skipped and the scale backs off as on CPU."""
+    cpu, cpu_scale, _ = _scaled_steps("cpu")
+    tpu, tpu_scale, fused = _scaled_steps("tpu")
+    assert fused and tpu_scale == cpu_scale
+    for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-5, rtol=1e-4)

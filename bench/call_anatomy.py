@@ -77,7 +77,7 @@ def after_work(fn: Callable, make_args: Callable[[], list], reps: int) -> float:
         out = fn(*args)
     t2 = time.perf_counter()
     jax.block_until_ready(out)
-    return max((t2 - t1) - (t1 - t0), 0.0) / reps * 1e6
+    return ((t2 - t1) - (t1 - t0)) / reps * 1e6   # (a difference: noise can make it negative)
 
 
 def cases(n: int) -> dict[str, tuple[Callable, Callable[[], list]]]:

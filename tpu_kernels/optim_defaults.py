@@ -74,12 +74,17 @@ def _fused_when_unset(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Non
         return None
     for group in opt.param_groups:
         params = group["params"]
-        if (params and group.get("fused") is None and group.get("foreach") is None
-                and not group.get("differentiable") and not any(p in opt.state for p in params)
-                and all(type(p) is TpuTensor and p.is_floating_point() for p in params)):
+        if (group.get("fused") is None and group.get("foreach") is None and not group.get("differentiable")
+                and _unstarted_tpu_group(opt, params) and all(p.is_floating_point() for p in params)):
             group["fused"] = True
             opt._step_supports_amp_scaling = True   # what Adam.__init__ sets for fused=True
     return None
+
+
+def _unstarted_tpu_group(opt: torch.optim.Optimizer, params: list) -> bool:
+    """A param group's ``params`` are tpu tensors (one at least) with no optimizer state
+    yet: its first step may still choose where its state lives and which path it takes."""
+    return bool(params) and all(type(p) is TpuTensor for p in params) and not any(p in opt.state for p in params)
 
 
 def install_compiled() -> None:
@@ -96,9 +101,7 @@ def _set_capturable(dynamo_rule: Any) -> Any:
     def set_capturable(self: Any, tx: Any) -> None:
         optimizer: torch.optim.Optimizer = self.value
         for group in optimizer.param_groups:
-            params = group.get("params", [])
-            if ("capturable" in group and params and all(type(p) is TpuTensor for p in params)
-                    and not any(p in optimizer.state for p in params)):
+            if "capturable" in group and _unstarted_tpu_group(optimizer, group.get("params", [])):
                 group["capturable"] = True
         dynamo_rule(self, tx)
     set_capturable._tpu = True

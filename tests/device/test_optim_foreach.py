@@ -41,11 +41,16 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _train(opt_name: str, device: str, steps: int = 3, **kw):
+def _model_and_input(device: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The small MLP every test here trains, and its batch (the same on every device)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
+    return model, torch.randn(4, 6).to(device)
+
+
+def _train(opt_name: str, device: str, steps: int = 3, **kw):
+    model, x = _model_and_input(device)
     opt = OPTIMIZERS[opt_name](model.parameters(), **kw)
-    x = torch.randn(4, 6).to(device)
     ops = _Ops()
     for k in range(steps):
         opt.zero_grad()
@@ -94,11 +99,9 @@ def test_adamw_compiled_after_an_eager_or_compiled_first_step_matches_cpu(first)
     torch._dynamo.reset()
     models = {}
     for device in ("cpu", "tpu"):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
+        model, x = _model_and_input(device)
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         step = torch.compile(opt.step, backend="tpu" if device == "tpu" else "eager")
-        x = torch.randn(4, 6).to(device)
         for k in range(3):
             opt.zero_grad()
             model(x).square().mean().backward()

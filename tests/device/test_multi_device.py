@@ -63,20 +63,45 @@ SCRIPT = textwrap.dedent('''
 
     @check
     def training_step():
-        torch.manual_seed(0)
-        cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-        tpu = copy.deepcopy(cpu).to("tpu:1")
-        x, y = torch.randn(5, 4), torch.randn(5, 2)
-        for model, dev in ((cpu, "cpu"), (tpu, "tpu:1")):
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            for _ in range(2):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
-                opt.step()
-        for p, q in zip(cpu.parameters(), tpu.parameters()):
-            assert q.device.index == 1 and q.grad.device.index == 1, (q.device, q.grad.device)
-            assert_same(p.grad, q.grad)
-            assert_same(p.detach(), q.detach())
+        # (the optimizers' state is made with zeros_like: on the parameters' device)
+        for make in (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                     lambda ps: torch.optim.AdamW(ps, lr=0.01),
+                     lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True)):
+            torch.manual_seed(0)
+            cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            tpu = copy.deepcopy(cpu).to("tpu:1")
+            x, y = torch.randn(5, 4), torch.randn(5, 2)
+            for model, dev in ((cpu, "cpu"), (tpu, "tpu:1")):
+                opt = make(model.parameters())
+                for _ in range(2):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+                    opt.step()
+            for p, q in zip(cpu.parameters(), tpu.parameters()):
+                assert q.device.index == 1 and q.grad.device.index == 1, (q.device, q.grad.device)
+                for k, v in opt.state[q].items():   # (foreach AdamW counts steps on the CPU)
+                    assert v.device.index == 1 or (k == "step" and v.device.type == "cpu"), (opt, k, v.device)
+                assert_same(p.grad, q.grad)
+                assert_same(p.detach(), q.detach())
+
+    @check
+    def like_ops_follow_their_input():
+        b = torch.randn(2, 3).to("tpu:1")
+        for _ in range(2):   # the first call of a signature and the eager hot path's
+            made = {"zeros_like": torch.zeros_like(b), "ones_like": torch.ones_like(b),
+                    "full_like": torch.full_like(b, 2.0), "empty_like": torch.empty_like(b),
+                    "randn_like": torch.randn_like(b), "randint_like": torch.randint_like(b, 5),
+                    "new_zeros": b.new_zeros(4), "new_full": b.new_full((4,), 3.0), "new_empty": b.new_empty(4),
+                    "ones_like of a view": torch.ones_like(b.t()),
+                    "named tpu:1": torch.zeros_like(torch.ones(2, device="tpu:0"), device="tpu:1")}
+            for name, t in made.items():
+                assert t.device.index == 1 and t.jax().devices() == {jax_devices()[1]}, (name, t.device)
+        a = torch.zeros_like(b, device="tpu:0")
+        assert a.device.index == 0 and a.jax().devices() == {jax_devices()[0]}
+        with torch.tpu.device(1):     # "tpu": the current device, as torch.cuda's "cuda"
+            c = torch.ones_like(torch.ones(2, device="tpu:0"), device="tpu")
+        assert c.device.index == 1 and c.jax().devices() == {jax_devices()[1]}
+        assert (torch.full_like(b, 2.0) * b).cpu().tolist() == (b.cpu() * 2).tolist()
 
     @check
     def mixed_devices_raise_torchs_error():
@@ -135,8 +160,15 @@ def test_two_devices(results):
 
 def test_training_step_on_the_second_device_matches_cpu(results):
     """backward() of tensors on tpu:1 (torch's engine has one device queue for a Python
-    backend: tpu_kernels.device runs backward on the calling thread with several devices)."""
+    backend: tpu_kernels.device runs backward on the calling thread with several devices);
+    fused SGD, fused and foreach AdamW there, their state on tpu:1."""
     assert results["training_step"] == "OK", results["training_step"]
+
+
+def test_like_ops_make_their_result_on_their_inputs_device(results):
+    """``zeros_like(t)``, ``t.new_ones(n)``, ``randn_like(t)``... of a tensor on tpu:1 live
+    on tpu:1, a named ``device=`` wins, ``"tpu"`` is the current device (as on CUDA)."""
+    assert results["like_ops_follow_their_input"] == "OK", results["like_ops_follow_their_input"]
 
 
 def test_mixed_devices_raise_torchs_error(results):

@@ -1,11 +1,13 @@
 """torch's optimizers take their foreach path for tpu parameters by default, as for CUDA
-ones, Adam and AdamW their fused step (``optim_defaults.py``), and match CPU;
+ones, Adam, AdamW and SGD with momentum or weight decay their fused step
+(``optim_defaults.py``), and match CPU; plain SGD keeps its one foreach op;
 ``foreach=False`` still takes the loop, ``foreach=True`` foreach; a compiled first step
-keeps foreach; fused AdamW under a GradScaler matches CPU; ``clip_grad_norm_`` and
+keeps foreach; fused AdamW and SGD under a GradScaler match CPU; ``clip_grad_norm_`` and
 ``clip_grad_value_`` take their foreach ops."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 
 import pytest
@@ -63,16 +65,18 @@ def _train(opt_name: str, device: str, steps: int = 3, **kw):
     return model, ops.seen
 
 
-FUSED = {"Adam": "_fused_adam_", "AdamW": "_fused_adamw_"}
+# the ops a fused step runs: Adam's also counts its steps on the device (one foreach add)
+FUSED = {"Adam": {"_fused_adam_", "_foreach_add_"}, "AdamW": {"_fused_adamw_", "_foreach_add_"},
+         "SGD": {"_fused_sgd_"}}
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_an_optimizer_takes_the_foreach_path_on_tpu_and_matches_cpu(name):
     cpu, _ = _train(name, "cpu")
     tpu, seen = _train(name, "tpu")
-    if name in FUSED:     # one fused op and the step counters' increment
+    if name in FUSED:     # one fused op (and Adam's step counters' increment)
         ops = {op for op in seen if not op.startswith("_record_function")}
-        assert ops == {FUSED[name], "_foreach_add_"} and seen[FUSED[name]] == 1, dict(seen)
+        assert ops == FUSED[name] and all(seen[op] == 1 for op in ops), dict(seen)
     else:
         foreach_ops = sum(n for op, n in seen.items() if op.startswith("_foreach_"))
         assert foreach_ops > 0, f"{name} took the per-parameter loop: {dict(seen)}"
@@ -110,6 +114,22 @@ def test_adamw_compiled_after_an_eager_or_compiled_first_step_matches_cpu(first)
     (cpu, _), (tpu, opt) = models["cpu"], models["tpu"]
     assert opt.param_groups[0]["fused"] is (True if first == "eager" else None)
     for a, b in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
+
+
+def test_plain_sgd_keeps_its_one_foreach_add():
+    """SGD without momentum or weight decay is one ``_foreach_add_`` already: not fused."""
+    models, ops = {}, _Ops()
+    for device in ("cpu", "tpu"):
+        model, x = _model_and_input(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(x).square().mean().backward()
+        with ops if device == "tpu" else contextlib.nullcontext():
+            opt.step()
+        models[device] = model
+    assert opt.param_groups[0]["fused"] is None
+    assert {op for op in ops.seen if not op.startswith("_record_function")} == {"_foreach_add_"}, dict(ops.seen)
+    for a, b in zip(models["cpu"].parameters(), models["tpu"].parameters()):
         torch.testing.assert_close(b.cpu(), a, atol=1e-5, rtol=1e-4)
 
 
@@ -155,11 +175,11 @@ def test_clip_grad_value_takes_foreach_clamps_and_matches_cpu():
         torch.testing.assert_close(b.grad.cpu(), a.grad)
 
 
-def _scaled_steps(device: str) -> tuple[torch.nn.Module, float, bool]:
-    """AdamW under a GradScaler: two clean steps, one that overflows (skipped), one more."""
+def _scaled_steps(name: str, device: str) -> tuple[torch.nn.Module, float, bool]:
+    """``name`` under a GradScaler: two clean steps, one that overflows (skipped), one more."""
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    opt = OPTIMIZERS[name](model.parameters())
     scaler = torch.amp.GradScaler(device, init_scale=2.0**4, growth_interval=2)
     x = torch.randn(4, 6).to(device)
     for k in range(4):
@@ -171,12 +191,13 @@ def _scaled_steps(device: str) -> tuple[torch.nn.Module, float, bool]:
     return model, scaler.get_scale(), bool(opt.param_groups[0]["fused"])
 
 
-def test_fused_adamw_under_a_grad_scaler_matches_cpu():
-    """From its second step the fused AdamW takes the scale and the overflow flag itself
+@pytest.mark.parametrize("name", ["AdamW", "SGD"])
+def test_fused_by_default_under_a_grad_scaler_matches_cpu(name):
+    """From its second step the fused step takes the scale and the overflow flag itself
     (``_step_supports_amp_scaling``), as with ``fused=True`` on CUDA: an overflowing step
     is skipped and the scale backs off as on CPU."""
-    cpu, cpu_scale, _ = _scaled_steps("cpu")
-    tpu, tpu_scale, fused = _scaled_steps("tpu")
+    cpu, cpu_scale, _ = _scaled_steps(name, "cpu")
+    tpu, tpu_scale, fused = _scaled_steps(name, "tpu")
     assert fused and tpu_scale == cpu_scale
     for a, b in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), atol=1e-5, rtol=1e-4)

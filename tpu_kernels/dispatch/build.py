@@ -8,9 +8,10 @@ import logging
 import numpy as np
 import torch
 
-from tpu_kernels import strided
+from tpu_kernels import devices, strided
 from tpu_kernels.dispatch import call_cache, call_key
 from tpu_kernels.dispatch.cache import CompiledCall
+from tpu_kernels.dispatch.devices import named_index
 from tpu_kernels.dispatch.fallback import decomposition_runner, elsewhere, run_elsewhere, run_on_cpu
 from tpu_kernels.dispatch.lowering import eager_fn, jit_fn
 from tpu_kernels.dispatch.memory import guard_memory
@@ -60,7 +61,9 @@ def build(plan: OpPlan, args, kwargs, targs, tkw, reads: tuple = ()) -> Compiled
     orders = dense_orders(result_meta) if not plan.mutated else []
     fn = jit_fn(op, impl, targs, tkw, func_outs, outs, plan, write_dtypes, reads,
                 checks=loaded["checks"] if loaded is not None else None,
-                orders=orders if any(o is not None for o in orders) else None)
+                orders=orders if any(o is not None for o in orders) else None,
+                # several devices: a result follows its inputs unless a device is named
+                keep_inputs=devices.several and named_index(kwargs) is None)
     compiled = CompiledCall(impl, fn, plan, result_meta, write_dtypes, single_out=_single_out(plan, result_meta))
     if entry is not None:
         compiled.fn = compiled.call = entry.runner(fn, loaded, result_meta, func_outs, settled=compiled)

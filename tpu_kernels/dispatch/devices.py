@@ -21,14 +21,25 @@ propagation apply them):
 ``tensor_split``'s tensor ``indices_or_sections`` is a CPU tensor by its own contract
 (torch raises for a device tensor); its CompositeImplicit kernel reads it before any tpu
 op sees it, so no rule is needed here.
+
+And where a result lives when the process has several tpu devices: on the device its
+``device`` keyword names (``torch.zeros(2, device="tpu:1")``, ``zeros_like(t,
+device="tpu:1")``; ``"tpu"``: the current device), else on its tensor inputs' device,
+even an input read for its metadata only (``zeros_like(t)``, ``t.new_ones(2)``,
+``randn_like(t)``), as torch's CUDA kernels place them. A program with no placed input
+runs on JAX's default device: ``made_on`` makes such a call's result on the named device;
+``dispatch/lowering.py`` keeps metadata-only inputs in a program's arguments so that it
+runs where they are.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+import jax
 import torch
 from torch.utils._pytree import tree_leaves
 
+from tpu_kernels import devices
 from tpu_kernels.tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -86,3 +97,29 @@ def meta_of_cpu(t: torch.Tensor) -> torch.Tensor:
     neither). Index tensors and a foreach ``scalars`` list stay on the CPU, as torch's
     meta functions (and FakeTensor) take them."""
     return t.to("meta") if t.dim() == 0 else t
+
+
+def named_index(kwargs: dict) -> int | None:
+    """The tpu device index a call's ``device`` keyword names (``"tpu"``: the current
+    device; an index out of range raises torch's error), or None (no tpu device named)."""
+    d = kwargs.get("device")
+    if d is None or torch.device(d).type != "tpu":
+        return None
+    return devices.index(d)
+
+
+def made_on(index: int, make: Callable[[], Any]) -> Any:
+    """``make()``'s tpu tensor result, made on tpu ``index``: its program runs with that
+    device as JAX's default (a program with no placed input runs there) and the result's
+    array is placed there (later ops run where it is; a deferred result's program runs
+    where it was recorded)."""
+    if index == 0:
+        return make()
+    dev = devices.jax_device(index)
+    with jax.default_device(dev):
+        out = make()
+    for t in tree_leaves(out):
+        st = getattr(t, "_tpu_storage", None)
+        if st is not None and isinstance(st.array, jax.Array):
+            st.array = jax.device_put(st.array, dev)
+    return out

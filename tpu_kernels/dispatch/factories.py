@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import torch
 
 from tpu_kernels import devices
+from tpu_kernels.dispatch.devices import made_on
 from tpu_kernels.dispatch.results import laid_out
 from tpu_kernels.dispatch.run import guarded_run, run as _run
 from tpu_kernels.registry import REGISTRY
@@ -31,15 +31,7 @@ _frame_callback = torch._C._dynamo.eval_frame.get_eval_frame_callback
 def _factory_kernel(op, *args, **kwargs):
     i = devices.index(kwargs.get("device"))   # "tpu:5" with fewer devices raises here
     run = _run if _frame_callback() is None else guarded_run
-    if i == 0:
-        out = run(op, args, kwargs)
-    else:
-        dev = devices.jax_device(i)
-        with jax.default_device(dev):   # made on tpu:i (its storage says so) ...
-            out = run(op, args, kwargs)
-        st = out._tpu_storage           # ... and kept there: later ops run where it is
-        if isinstance(st.array, jax.Array):   # (deferred: its program runs there)
-            st.array = jax.device_put(st.array, dev)
+    out = made_on(i, lambda: run(op, args, kwargs))
     fmt = kwargs.get("memory_format")
     return out if fmt is None else laid_out(out, out, fmt)
 

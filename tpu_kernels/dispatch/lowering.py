@@ -18,13 +18,16 @@ from tpu_kernels.registry.dtypes import to_jax_dtype
 
 
 def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtypes, reads: tuple = (),
-           checks: list | None = None, orders: list | None = None) -> Callable:
+           checks: list | None = None, orders: list | None = None, keep_inputs: bool = False) -> Callable:
     """The jitted function for one call signature: reads the views it takes as their
     storages' arrays (``reads``), fills the template, lowers, casts, and lays out in
     memory order the results ``orders`` names (``results.dense_order``: torch's strides
     are not contiguous, so the result's storage is that transposed array).
     It returns (results, check flags or None); ``.checks`` says what each flag means
-    (``checks``: what a persistent cache entry says, until a trace fills it again)."""
+    (``checks``: what a persistent cache entry says, until a trace fills it again).
+    ``keep_inputs``: inputs the impl does not read stay arguments of the executable, so
+    that it runs on their device (``zeros_like(t)`` of a ``t`` on tpu:1; see
+    ``dispatch/devices.py``)."""
     n_alias_free = [i for i, a in enumerate(plan.alias_returns) if a is None]
     expect = [m for m in outs] if not plan.mutated else None
 
@@ -52,7 +55,7 @@ def jit_fn(op, impl: Impl, targs, tkw, func_outs, outs, plan: OpPlan, write_dtyp
         return result, flags
 
     checks = [] if checks is None else checks   # filled at trace time: what each flag means
-    jitted = jax.jit(lowered)
+    jitted = jax.jit(lowered, keep_unused=keep_inputs)
     jitted.checks = checks
     return jitted
 

@@ -17,7 +17,7 @@ from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, _default_dtype, _matmul_precision, mode_token
-from tpu_kernels.dispatch.devices import same_device
+from tpu_kernels.dispatch.devices import made_on, named_index, same_device
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, op_plan
 from tpu_kernels.dispatch.results import finish
@@ -321,6 +321,11 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     compiled, sp, ckey = lookup(op, args, kwargs)
     if devices.several:   # JAX would move an operand on another tpu device: torch raises
         same_device(op, sp.leaves, (args, kwargs))
+        named = named_index(kwargs)
+        if named is not None and compiled.torch_fn is None:   # zeros_like(t, device="tpu:1")
+            compiled.calls += 1
+            return made_on(named, lambda: finish(compiled, args, kwargs, execute(
+                op, compiled, leaves(compiled, sp, kwargs), args, kwargs)))
     compiled.calls += 1
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)

@@ -53,6 +53,8 @@ def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     """A memory-less plain tpu tensor with ``t``'s geometry over ``st``'s shadow storage,
     pointing back to ``t``. (Hot: Dynamo's guards on a compiled optimizer step make one
     for each new gradient, every step.)"""
+    if st.index:
+        raise _not_on_tpu0(t)
     g = geometry(t)
     storage = torch_storage(st, t.device)
     s = torch._C._acc.create_empty_tensor((0,), g[3])
@@ -62,6 +64,17 @@ def make_shadow(t: torch.Tensor, st: Storage) -> torch.Tensor:
     # strong: no cycle (the storage holds only the torch storage, not the shadow)
     s._tpu_source = (st, g)
     return s
+
+
+def _not_on_tpu0(t: torch.Tensor) -> NotImplementedError:
+    """torch.compile of a tensor on tpu:1 and above. torch's API for a Python backend
+    makes plain tensors of its device on index 0 only (``_acc.create_empty_tensor``), and
+    ``set_`` refuses a storage of another device, so a shadow cannot be made there."""
+    return NotImplementedError(
+        f"torch.compile(backend='tpu') got a tensor on {t.device} (shape {tuple(t.shape)}, {t.dtype}): "
+        "compiled functions run on tpu:0 only (eager, deferred mode, torch.tpu.graph and the "
+        "optimizers run on every device). Move the model and its inputs to tpu:0, or use one "
+        "process per device (torchrun) or tpu_kernels.spmd for several devices.")
 
 
 def owner(shadow: torch.Tensor) -> Any:

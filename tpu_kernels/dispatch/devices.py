@@ -29,7 +29,8 @@ even an input read for its metadata only (``zeros_like(t)``, ``t.new_ones(2)``,
 ``randn_like(t)``), as torch's CUDA kernels place them. A program with no placed input
 runs on JAX's default device: ``made_on`` makes such a call's result on the named device;
 ``dispatch/lowering.py`` keeps metadata-only inputs in a program's arguments so that it
-runs where they are.
+runs where they are; ``where_inputs_are`` runs an unjitted impl (``nonzero``: its result
+made from host values) on its inputs' device.
 """
 from __future__ import annotations
 
@@ -123,3 +124,16 @@ def made_on(index: int, make: Callable[[], Any]) -> Any:
         if st is not None and isinstance(st.array, jax.Array):
             st.array = jax.device_put(st.array, dev)
     return out
+
+
+def where_inputs_are(fn: Callable[..., Any], values: list) -> Any:
+    """``fn(*values)`` (an unjitted impl) run on the device of its first input array, its
+    result arrays placed there (an impl that builds its result from host values, as
+    ``nonzero`` does, would make it on JAX's default device)."""
+    index = next((devices.index_of_array(v) for v in values if isinstance(v, jax.Array)), 0)
+    if index == 0:
+        return fn(*values)
+    dev = devices.jax_device(index)
+    with jax.default_device(dev):
+        out = fn(*values)
+    return jax.tree.map(lambda a: jax.device_put(a, dev) if isinstance(a, jax.Array) else a, out)

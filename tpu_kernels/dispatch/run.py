@@ -17,7 +17,7 @@ from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, _default_dtype, _matmul_precision, mode_token
-from tpu_kernels.dispatch.devices import made_on, named_index, same_device
+from tpu_kernels.dispatch.devices import made_on, named_index, same_device, where_inputs_are
 from tpu_kernels.dispatch.meta import cpu_error
 from tpu_kernels.dispatch.plan import SCALAR, SCALAR_LIST, SLOT, STATIC, TENSOR, TENSOR_LIST, op_plan
 from tpu_kernels.dispatch.results import finish
@@ -364,7 +364,8 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
     """Run (or, while deferred mode records, record) the executable; its check flags are
     watched. Returns the impl's outputs."""
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
-        return compiled.fn(*[lazy.concrete(d) for d in dyn])
+        values = [lazy.concrete(d) for d in dyn]
+        return where_inputs_are(compiled.fn, values) if devices.several else compiled.fn(*values)
     try:
         if lazy.recording():   # the output structure is the signature's: worked out once
             spec = compiled.lazy_spec

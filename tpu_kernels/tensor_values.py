@@ -78,6 +78,13 @@ def write_all(pairs: list[tuple[TpuTensor, jax.Array]]) -> None:
     their own size and the storage's dtype are written together (one program, one new
     array of the storage: a foreach op over flat parameters' or bucketed gradients' views
     wrote the whole storage once per view)."""
+    for t, _ in pairs:
+        if not t._tpu_direct:
+            break
+    else:   # the common case (a fused optimizer's parameters and moments): no view to group
+        for t, new in pairs:
+            write(t, new)
+        return
     groups: dict[int, list | None] = {}
     for t, new in pairs:
         st = t._tpu_storage

@@ -245,5 +245,3 @@ def _result_geometry(compiled: CompiledCall, args: tuple) -> tuple | None:
                  if type(a) is TpuTensor or (type(a) in (list, tuple) and a and type(a[0]) is TpuTensor))
     index = first._tpu_storage.index
     return size, dtype, nbytes, index, direct_token(size, dtype, index)
-
-

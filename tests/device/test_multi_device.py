@@ -146,6 +146,30 @@ SCRIPT = textwrap.dedent('''
         assert z.cpu().tolist() == [2.0, 2.0, 2.0]
 
     @check
+    def hf_llama_on_the_second_device():
+        from transformers import LlamaConfig, LlamaForCausalLM
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=128, use_cache=False)
+        cpu = LlamaForCausalLM(cfg)
+        ids = torch.randint(0, 128, (2, 8))
+        trained = {}
+        for dev in ("tpu:0", "tpu:1"):      # the same programs on either device: equal bits
+            model = copy.deepcopy(cpu).to(dev)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            for _ in range(2):
+                opt.zero_grad()
+                model(ids.to(dev), labels=ids.to(dev)).loss.backward()
+                opt.step()
+            trained[dev] = model
+        for p, q in zip(trained["tpu:0"].parameters(), trained["tpu:1"].parameters()):
+            assert q.jax().devices() == {jax_devices()[1]} and torch.equal(p.detach().cpu(), q.detach().cpu())
+        with torch.no_grad():   # greedy tokens as on the CPU
+            want = cpu.generate(ids[:1], max_new_tokens=4, do_sample=False)
+            got = copy.deepcopy(cpu).to("tpu:1").generate(ids[:1].to("tpu:1"), max_new_tokens=4, do_sample=False)
+        assert got.device.index == 1 and torch.equal(got.cpu(), want)
+
+    @check
     def compile_on_the_second_device_says_so():
         f = torch.compile(lambda x: x * 2, backend="tpu")
         try:
@@ -195,6 +219,13 @@ def test_mixed_devices_raise_torchs_error(results):
 
 def test_deferred_mode_on_the_second_device(results):
     assert results["deferred_on_the_second_device"] == "OK", results["deferred_on_the_second_device"]
+
+
+def test_a_transformers_llama_trains_and_generates_on_the_second_device(results):
+    """A tiny Llama (transformers' own code: ``zeros_like``, ``arange``, masks made on the
+    inputs' device) with AdamW on tpu:1: bit for bit what it does on tpu:0, every
+    parameter kept on tpu:1; greedy ``generate`` gives CPU's tokens."""
+    assert results["hf_llama_on_the_second_device"] == "OK", results["hf_llama_on_the_second_device"]
 
 
 def test_compile_on_the_second_device_raises_a_clear_error(results):

@@ -112,14 +112,13 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     handlers: a registered impl, a twin, a decomposition, the CPU fallback, or the
     refusal). A runtime handler hands calls it does not take itself on to here."""
     compiled, sp, ckey = lookup(op, args, kwargs)
+    compiled.calls += 1
     if devices.several:   # JAX would move an operand on another tpu device: torch raises
         same_device(op, sp.leaves, (args, kwargs))
         named = named_index(kwargs)
         if named is not None and compiled.torch_fn is None:   # zeros_like(t, device="tpu:1")
-            compiled.calls += 1
             return made_on(named, lambda: finish(compiled, args, kwargs, execute(
                 op, compiled, leaves(compiled, sp, kwargs), args, kwargs)))
-    compiled.calls += 1
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
     if not kwargs or plain_kwargs(kwargs):

@@ -31,9 +31,9 @@ interleaved in one process: on a TPU v5e 19.3 ms foreach, 6.4 fused (a compiled
 SGD with momentum or weight decay does the same (its foreach step is 3-4 ops, fused one;
 the small GPT's loop with momentum 0.9 on a TPU v5e: 5.27 ms foreach, 4.70 fused; on 2 CPU
 cores 3.53 and 3.11); plain SGD is one ``_foreach_add_`` already (3.75 ms foreach, 3.88
-fused on the chip) and keeps it. Adagrad
-is left to torch: it makes its state at construction, on a device and in a dtype that
-depend on ``fused``, so its first step is too late to choose.
+fused on the chip) and keeps it. Adagrad is left to torch: it makes its state at
+construction, on a device and in a dtype that depend on ``fused``, so its first step is
+too late to choose.
 Peak memory is about one parameter set more than foreach's (new parameters and moments
 are all made before the old ones go; foreach makes one list at a time). ``foreach=True``
 or ``fused=False`` keeps torch's choice; a group with state already (a loaded

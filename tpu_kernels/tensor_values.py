@@ -78,11 +78,8 @@ def write_all(pairs: list[tuple[TpuTensor, jax.Array]]) -> None:
     their own size and the storage's dtype are written together (one program, one new
     array of the storage: a foreach op over flat parameters' or bucketed gradients' views
     wrote the whole storage once per view)."""
-    for t, _ in pairs:
-        if not t._tpu_direct:
-            break
-    else:   # the common case (a fused optimizer's parameters and moments): no view to group
-        for t, new in pairs:
+    if all(t._tpu_direct for t, _ in pairs):   # (a fused optimizer's parameters and moments)
+        for t, new in pairs:                    # no view to group
             write(t, new)
         return
     groups: dict[int, list | None] = {}

@@ -29,8 +29,8 @@ even an input read for its metadata only (``zeros_like(t)``, ``t.new_ones(2)``,
 ``randn_like(t)``), as torch's CUDA kernels place them. A program with no placed input
 runs on JAX's default device: ``made_on`` makes such a call's result on the named device;
 ``dispatch/lowering.py`` keeps metadata-only inputs in a program's arguments so that it
-runs where they are; ``where_inputs_are`` runs an unjitted impl (``nonzero``: its result
-made from host values) on its inputs' device.
+runs where they are; an unjitted impl (``nonzero``: its result made from host values)
+runs through ``made_on`` its inputs' device (``dispatch/run.py``'s ``run_call``).
 """
 from __future__ import annotations
 
@@ -79,8 +79,9 @@ def device_error(op: Any, t: torch.Tensor, call: Any = ()) -> RuntimeError:
         f"{common} and {t.device}! (when checking arguments for {op})")
 
 
-def same_device(op: Any, leaves: list, call: Any) -> None:
-    """Raise torch's error if the tpu tensors among a call's ``leaves`` are on two devices."""
+def same_device(op: Any, leaves: list, call: Any) -> int | None:
+    """Raise torch's error if the tpu tensors among a call's ``leaves`` are on two devices;
+    else their device's index (None: no tpu tensor among them)."""
     index = None
     for v in leaves:
         if isinstance(v, TpuTensor):
@@ -89,6 +90,7 @@ def same_device(op: Any, leaves: list, call: Any) -> None:
                 index = i
             elif i != index:
                 raise device_error(op, v, call)
+    return index
 
 
 def meta_of_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -125,15 +127,3 @@ def made_on(index: int, make: Callable[[], Any]) -> Any:
             st.array = jax.device_put(st.array, dev)
     return out
 
-
-def where_inputs_are(fn: Callable[..., Any], values: list) -> Any:
-    """``fn(*values)`` (an unjitted impl) run on the device of its first input array, its
-    result arrays placed there (an impl that builds its result from host values, as
-    ``nonzero`` does, would make it on JAX's default device)."""
-    index = next((devices.index_of_array(v) for v in values if isinstance(v, jax.Array)), 0)
-    if index == 0:
-        return fn(*values)
-    dev = devices.jax_device(index)
-    with jax.default_device(dev):
-        out = fn(*values)
-    return jax.tree.map(lambda a: jax.device_put(a, dev) if isinstance(a, jax.Array) else a, out)

@@ -17,7 +17,7 @@ from tpu_kernels import devices, errors, inflight, lazy, random_state
 from tpu_kernels.dispatch import cache, graph_trace
 from tpu_kernels.dispatch.build import build
 from tpu_kernels.dispatch.cache import CompiledCall, mode_token
-from tpu_kernels.dispatch.devices import made_on, named_index, same_device, where_inputs_are
+from tpu_kernels.dispatch.devices import made_on, named_index, same_device
 # (``_state``, ``_values``, ``fast_key``: also read by tests and bench/dispatch_stages.py)
 from tpu_kernels.dispatch.fast_index import (_OPS, _state, _values, fast_key, leaf_values, plain_kwargs,
                                              remember, with_kwargs)
@@ -114,10 +114,14 @@ def run_call(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     compiled, sp, ckey = lookup(op, args, kwargs)
     compiled.calls += 1
     if devices.several:   # JAX would move an operand on another tpu device: torch raises
-        same_device(op, sp.leaves, (args, kwargs))
-        named = named_index(kwargs)
-        if named is not None and compiled.torch_fn is None:   # zeros_like(t, device="tpu:1")
-            return made_on(named, lambda: finish(compiled, args, kwargs, execute(
+        inputs = same_device(op, sp.leaves, (args, kwargs))
+        # made where ``device=`` says (zeros_like(t, device="tpu:1")); an unjitted impl
+        # (nonzero: built from host values) where its inputs are
+        where = named_index(kwargs)
+        if where is None and compiled.impl.data_dependent:
+            where = inputs
+        if where is not None and compiled.torch_fn is None:
+            return made_on(where, lambda: finish(compiled, args, kwargs, execute(
                 op, compiled, leaves(compiled, sp, kwargs), args, kwargs)))
     if compiled.torch_fn is not None:  # decomposition or CPU fallback: runs in torch land
         return compiled.torch_fn(op, args, kwargs)
@@ -156,8 +160,7 @@ def execute(op: OpOverload, compiled: CompiledCall, dyn: list, args: tuple, kwar
     """Run (or, while deferred mode records, record) the executable; its check flags are
     watched. Returns the impl's outputs."""
     if compiled.impl.data_dependent:  # its result shape needs values: run what is pending
-        values = [lazy.concrete(d) for d in dyn]
-        return where_inputs_are(compiled.fn, values) if devices.several else compiled.fn(*values)
+        return compiled.fn(*[lazy.concrete(d) for d in dyn])
     try:
         if lazy.recording():   # the output structure is the signature's: worked out once
             spec = compiled.lazy_spec

@@ -39,6 +39,7 @@ from tpu_kernels import deferred_mode as _deferred_mode  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels import graphs as _graphs  # noqa: E402
 from tpu_kernels import graphed_callables as _graphed_callables  # noqa: E402
+from tpu_kernels import fused_step_programs as _fused_step_programs  # noqa: E402,F401  (eager fused optimizer steps)
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 

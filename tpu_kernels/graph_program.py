@@ -45,7 +45,9 @@ class GraphProgram(PackedCalls):
     """``gm`` (an FX graph of ATen ops) as one jitted function over jax arrays."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 options: CompileOptions | None = None) -> None:
+                 options: CompileOptions | None = None, written: Sequence[int] | None = None) -> None:
+        """``written``: positions of the tensor inputs the graph writes by in-place ops (a
+        graph the runtime builds); AOTAutograd's graphs write inputs by ``copy_``."""
         self.gm = gm
         self.options = options or CompileOptions()
         self.is_tensor = [isinstance(x, torch.Tensor) for x in example_inputs]
@@ -83,7 +85,8 @@ class GraphProgram(PackedCalls):
         hooked = next((j for j in (hook(gm, self._trace) for hook in PROGRAM_HOOKS) if j is not None), None)
         # device inputs the graph writes (an optimizer's parameters and moments) are donated:
         # XLA writes their new values over the old buffers, so a step holds one copy of them
-        self.donated = () if hooked is not None else _written_inputs(gm, positions, self.cpu_inputs)
+        self.donated = () if hooked is not None else \
+            tuple(written) if written is not None else _written_inputs(gm, positions, self.cpu_inputs)
         if hooked is None and not self.eager:   # 0-dim CPU inputs cross as one array per dtype
             self.scalars = HostScalars.of([x for x in example_inputs if isinstance(x, torch.Tensor)])
         self._jitted = hooked or self._jit()

@@ -34,8 +34,10 @@ cores 3.53 and 3.11); plain SGD is one ``_foreach_add_`` already (3.75 ms foreac
 fused on the chip) and keeps it. Adagrad is left to torch: it makes its state at
 construction, on a device and in a dtype that depend on ``fused``, so its first step is
 too late to choose.
-Peak memory is about one parameter set more than foreach's (new parameters and moments
-are all made before the old ones go; foreach makes one list at a time). ``foreach=True``
+The fused step itself runs as a program that donates what it writes
+(``fused_step_programs.py``), so it holds one copy of parameters and state; run as a plain
+op (``TPU_KERNELS_FUSED_STEP_PROGRAMS=0``) its new values are all made before the old ones
+go, one parameter set above foreach's peak. ``foreach=True``
 or ``fused=False`` keeps torch's choice; a group with state already (a loaded
 ``state_dict``, an earlier step) or whose first step is compiled keeps its path.
 """

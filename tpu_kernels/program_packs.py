@@ -178,6 +178,11 @@ class PackedCalls:
         self._packs: dict[tuple, Packed | None] = {}   # statics -> its plan (None: unpacked)
         self._packed_jits: dict[tuple, Any] = {}       # donated positions in rest -> jitted
 
+    def run_unpacked(self) -> None:
+        """Never pack (a program run once, as SGD's first step: its placeholders would only
+        make the next program's plan fail)."""
+        self._packable = False
+
     def _run_packed(self, args: tuple, sources: list, statics: tuple) -> list[Any] | None:
         """The call with the small state it writes packed, or None where this signature
         has no packs (none qualify, a plan was dropped, or its trace failed)."""

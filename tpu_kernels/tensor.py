@@ -188,6 +188,7 @@ class TpuTensor(torch.Tensor):
         else:
             _TORCH_DATA.__set__(self, new)
             self.__dict__.pop("_tpu_fk", None)
+            self.__dict__.pop("_tpu_geom", None)
 
     def jax(self) -> jax.Array:
         """This tensor's value as a jax.Array (a copy-free read where the layout allows)."""
@@ -393,6 +394,7 @@ def repoint(t: TpuTensor, new: TpuTensor) -> TpuTensor:
     t._tpu_storage = new._tpu_storage
     t._tpu_direct = new._tpu_direct
     t._tpu_cache = None
-    t.__dict__.pop("_tpu_shadow", None)   # its geometry changed
-    t.__dict__.pop("_tpu_fk", None)
+    d = t.__dict__                      # what was kept of its geometry
+    for kept in ("_tpu_shadow", "_tpu_fk", "_tpu_geom"):
+        d.pop(kept, None)
     return t

@@ -17,12 +17,18 @@ if TYPE_CHECKING:
 
 def source(t: TpuTensor) -> tuple[Storage, tuple]:
     """(storage, (sizes, strides, offset, dtype)) of a tpu tensor that has a storage: its
-    shadow's if it has one, else read off the tensor (no shadow made: a compiled graph's
-    fresh inputs, the saved activations and gradients a backward gets, need none)."""
-    s = t.__dict__.get("_tpu_shadow")
+    shadow's if it has one, else read off the tensor once and kept on it (``_tpu_geom``;
+    no shadow made: a compiled graph's fresh inputs, the saved activations and gradients a
+    backward gets, an eager fused optimizer step's moments need none). ``tensor.repoint``,
+    where a tensor's geometry changes, drops both."""
+    d = t.__dict__
+    s = d.get("_tpu_shadow")
     if s is not None:
         return s._tpu_source
-    return t._tpu_storage, shadow.geometry(t)
+    g = d.get("_tpu_geom")
+    if g is None:
+        g = d["_tpu_geom"] = shadow.geometry(t)
+    return t._tpu_storage, g
 
 
 def read(t: TpuTensor) -> jax.Array:

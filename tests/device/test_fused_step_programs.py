@@ -1,0 +1,174 @@
+"""Eager fused optimizer steps run as donating, packing programs
+(``tpu_kernels/fused_step_programs.py``): they match CPU and the plain route bit for bit,
+a scheduler's new ``lr`` compiles nothing, the moments packed (as on a TPU) stay readable
+and writable between steps, what a user holds keeps its value, and calls the programs do
+not take go the plain route."""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import tpu_kernels
+from tpu_kernels import fused_step_programs as fsp
+from tpu_kernels import program_packs
+
+STEPS = {
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    "Adam amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+    "SGD nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+}
+
+
+@contextlib.contextmanager
+def _setting(programs: bool = True, packs: bool | None = None):
+    """Programs on or off, packs on or off (on: as on a TPU), each call's programs new."""
+    saved = fsp.ON, program_packs.ON
+    fsp.ON, program_packs.ON = programs, packs
+    fsp.PROGRAMS.clear()
+    try:
+        yield
+    finally:
+        fsp.ON, program_packs.ON = saved
+        fsp.PROGRAMS.clear()
+
+
+def _models():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+def _step(model, opt, x, sched=None):
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
+
+
+def _fused(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    for g in opt.param_groups:   # CPU's fused kernel: the same step torch takes on tpu
+        g["fused"], g["foreach"] = True, False
+    return opt
+
+
+@pytest.mark.parametrize("packs", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("name", list(STEPS))
+def test_a_fused_step_is_one_program_and_matches_cpu(name, packs):
+    cpu, tpu = _models()
+    with _setting(packs=packs):
+        opt_cpu, opt_tpu = _fused(STEPS[name](cpu.parameters())), STEPS[name](tpu.parameters())
+        x = torch.randn(4, 6)
+        for _ in range(4):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+        # SGD's first step (``is_first_step``: new momentum buffers) is a program of its own
+        *first, program = fsp.PROGRAMS.values()
+        assert len(first) == (name == "SGD nesterov") and program.traces == 1
+        assert program.calls + len(first) == 4
+        n_params = len(list(tpu.parameters()))
+        state = 3 if name == "Adam amsgrad" else 2 if name == "AdamW" else 1
+        assert len(program.donated) == n_params * (1 + state)   # parameters and their state
+        if packs:
+            assert any(p is not None for p in program._packs.values())
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.cpu(), p)
+    for s_cpu, s_tpu in zip(opt_cpu.state.values(), opt_tpu.state.values()):
+        for k in s_cpu:
+            torch.testing.assert_close(s_tpu[k].cpu(), s_cpu[k])
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_programs_give_the_plain_route_bit_for_bit(name):
+    results = []
+    for programs in (False, True):
+        _, tpu = _models()
+        with _setting(programs=programs, packs=True):
+            opt = STEPS[name](tpu.parameters())
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)).to("tpu")
+            for _ in range(3):
+                _step(tpu, opt, x)
+            assert bool(fsp.PROGRAMS.values()) == programs
+        results.append([p.detach().cpu() for p in tpu.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_a_scheduler_changes_lr_without_a_new_program():
+    cpu, tpu = _models()
+    with _setting(packs=True):
+        opt_cpu, opt_tpu = _fused(torch.optim.AdamW(cpu.parameters(), lr=0.05)), torch.optim.AdamW(tpu.parameters(), lr=0.05)
+        s_cpu = torch.optim.lr_scheduler.ExponentialLR(opt_cpu, 0.5)
+        s_tpu = torch.optim.lr_scheduler.ExponentialLR(opt_tpu, 0.5)
+        x = torch.randn(4, 6)
+        for _ in range(5):
+            _step(cpu, opt_cpu, x, s_cpu)
+            _step(tpu, opt_tpu, x.to("tpu"), s_tpu)
+        (program,) = fsp.PROGRAMS.values()
+        assert program.calls == 5 and program.traces == 1
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.cpu(), p)
+
+
+def test_packed_moments_read_written_and_held_between_steps():
+    """As on a TPU: a moment read between steps (state_dict, a held tensor, ``.jax()``)
+    has its value, a loaded state_dict is what the next step starts from."""
+    cpu, tpu = _models()
+    with _setting(packs=True):
+        opt_cpu, opt_tpu = _fused(torch.optim.AdamW(cpu.parameters(), lr=1e-2)), torch.optim.AdamW(tpu.parameters(), lr=1e-2)
+        x = torch.randn(4, 6)
+        for _ in range(2):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+        held = opt_tpu.state[next(tpu.parameters())]["exp_avg"]
+        held_array = held.jax()          # a user's own reference: the step must not donate it
+        before = held.cpu()
+        _step(cpu, opt_cpu, x)
+        _step(tpu, opt_tpu, x.to("tpu"))
+        torch.testing.assert_close(torch.from_numpy(np.array(held_array)), before)
+        torch.testing.assert_close(held.cpu(), opt_cpu.state[next(cpu.parameters())]["exp_avg"])
+        saved = copy.deepcopy(opt_cpu.state_dict())
+        tpu_saved = opt_tpu.state_dict()
+        for s_cpu, s_tpu in zip(saved["state"].values(), tpu_saved["state"].values()):
+            torch.testing.assert_close(s_tpu["exp_avg_sq"].cpu(), s_cpu["exp_avg_sq"])
+        for _ in range(2):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+        opt_cpu.load_state_dict(saved)
+        opt_tpu.load_state_dict(saved)     # (CPU state: torch moves it to the parameters)
+        for _ in range(2):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.cpu(), p)
+
+
+def test_calls_the_programs_do_not_take_go_the_plain_route():
+    """Deferred mode; parameters that are views of one storage."""
+    cpu, tpu = _models()
+    with _setting():
+        opt_cpu, opt_tpu = _fused(torch.optim.AdamW(cpu.parameters(), lr=1e-2)), torch.optim.AdamW(tpu.parameters(), lr=1e-2)
+        x = torch.randn(4, 6)
+        with tpu_kernels.deferred():
+            _step(tpu, opt_tpu, x.to("tpu"))
+        _step(cpu, opt_cpu, x)
+        assert not fsp.PROGRAMS.values()
+        for p, q in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(q.cpu(), p)
+
+        flat = torch.zeros(10, device="tpu")
+        views = [torch.nn.Parameter(flat[:6].view(2, 3)), torch.nn.Parameter(flat[6:])]   # one storage
+        ref = [torch.nn.Parameter(v.detach().cpu()) for v in views]
+        opts = torch.optim.AdamW(views, lr=0.1), torch.optim.AdamW(ref, lr=0.1, fused=True)
+        for _ in range(2):
+            for params, opt in zip((views, ref), opts):
+                for p in params:
+                    p.grad = torch.ones_like(p)
+                opt.step()
+        assert not fsp.PROGRAMS.values()
+        for v, r in zip(views, ref):
+            torch.testing.assert_close(v.detach().cpu(), r.detach())

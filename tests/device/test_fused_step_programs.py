@@ -1,8 +1,9 @@
 """Eager fused optimizer steps run as donating, packing programs
-(``tpu_kernels/fused_step_programs.py``): they match CPU and the plain route bit for bit,
-a scheduler's new ``lr`` compiles nothing, the moments packed (as on a TPU) stay readable
-and writable between steps, what a user holds keeps its value, and calls the programs do
-not take go the plain route."""
+(``tpu_kernels/fused_step_programs.py``) that take their step counters' increment
+(``step_counters.py``): they match CPU and the plain route bit for bit, a scheduler's new
+``lr`` compiles nothing, the moments packed (as on a TPU) stay readable and writable
+between steps, what a user holds keeps its value, a counter read before its step is
+right, and calls the programs do not take go the plain route."""
 from __future__ import annotations
 
 import contextlib
@@ -66,13 +67,15 @@ def test_a_fused_step_is_one_program_and_matches_cpu(name, packs):
         for _ in range(4):
             _step(cpu, opt_cpu, x)
             _step(tpu, opt_tpu, x.to("tpu"))
-        # SGD's first step (``is_first_step``: new momentum buffers) is a program of its own
-        *first, program = fsp.PROGRAMS.values()
-        assert len(first) == (name == "SGD nesterov") and program.traces == 1
-        assert program.calls + len(first) == 4
+        # the first step is a program of its own (SGD's makes its momentum buffers; Adam's
+        # step counters were incremented on their own), the later ones take the counters'
+        # increment (step_counters.py)
+        first, program = fsp.PROGRAMS.values()
+        assert (first.calls, program.calls, program.traces) == (1, 3, 1)
         n_params = len(list(tpu.parameters()))
-        state = 3 if name == "Adam amsgrad" else 2 if name == "AdamW" else 1
-        assert len(program.donated) == n_params * (1 + state)   # parameters and their state
+        # written and donated: parameters, moments (and max_exp_avg_sqs), step counters
+        state = {"Adam amsgrad": 4, "AdamW": 3, "SGD nesterov": 1}[name]
+        assert len(program.donated) == n_params * (1 + state)
         if packs:
             assert any(p is not None for p in program._packs.values())
     for p, q in zip(cpu.parameters(), tpu.parameters()):
@@ -108,8 +111,8 @@ def test_a_scheduler_changes_lr_without_a_new_program():
         for _ in range(5):
             _step(cpu, opt_cpu, x, s_cpu)
             _step(tpu, opt_tpu, x.to("tpu"), s_tpu)
-        (program,) = fsp.PROGRAMS.values()
-        assert program.calls == 5 and program.traces == 1
+        first, program = fsp.PROGRAMS.values()   # (the first step's, then the others')
+        assert program.calls == 4 and program.traces == 1
     for p, q in zip(cpu.parameters(), tpu.parameters()):
         torch.testing.assert_close(q.cpu(), p)
 
@@ -172,3 +175,38 @@ def test_calls_the_programs_do_not_take_go_the_plain_route():
         assert not fsp.PROGRAMS.values()
         for v, r in zip(views, ref):
             torch.testing.assert_close(v.detach().cpu(), r.detach())
+
+
+def test_step_counters_read_between_their_increment_and_the_step_are_right():
+    """The increment a fused step takes into its program is pending until then: a read in
+    between runs it (torch's value), and the step still counts right; a foreach Adam's
+    counters are never left pending."""
+    cpu, tpu = _models()
+    with _setting(packs=True):
+        opt_cpu, opt_tpu = _fused(torch.optim.Adam(cpu.parameters(), lr=1e-2)), torch.optim.Adam(tpu.parameters(), lr=1e-2)
+        x = torch.randn(4, 6)
+        for _ in range(3):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+        steps = [s["step"] for s in opt_tpu.state.values()]
+        assert isinstance(steps[0]._tpu_storage.array, tpu_kernels.lazy.Lazy)   # packed
+        torch._foreach_add_(steps, 1)                 # left pending...
+        assert type(steps[0]._tpu_storage.array.program).__name__ == "PendingAdd"
+        assert [s.item() for s in steps] == [4.0] * len(steps)   # ...and run when read
+        torch._foreach_add_(steps, -1)
+        for _ in range(2):
+            _step(cpu, opt_cpu, x)
+            _step(tpu, opt_tpu, x.to("tpu"))
+        assert [s["step"].item() for s in opt_tpu.state.values()] == [5.0] * len(steps)
+        for p, q in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(q.cpu(), p)
+
+        # (capturable: its counters on the device, each step one ``_foreach_add_`` of them)
+        foreach = torch.optim.Adam(copy.deepcopy(tpu).parameters(), lr=1e-2, foreach=True, capturable=True)
+        for p in foreach.param_groups[0]["params"]:
+            p.grad = torch.ones_like(p)
+        foreach.step()
+        foreach.step()
+        assert all(s["step"].device.type == "tpu" for s in foreach.state.values())
+        assert not any(isinstance(s["step"]._tpu_storage.array, tpu_kernels.lazy.Lazy)
+                       for s in foreach.state.values())

@@ -74,7 +74,8 @@ def fused_step(op: OpOverload, args: tuple, kwargs: dict) -> None:
         if increment is not None:  # (they still hold their old values: torch's add, as it was)
             run_call(aten._foreach_add_.Scalar, (counters, increment.alpha), {})
         raise
-    step_counters.remember(counters)
+    if increment is None:   # (counters whose increment it took are known already)
+        step_counters.remember(counters)
     return None
 
 

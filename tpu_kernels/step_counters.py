@@ -74,7 +74,7 @@ def remember(counters: list) -> None:
 def pending(counters: list) -> PendingAdd | None:
     """The pending increment of exactly ``counters``, if a fused step can take it: no
     placeholder of it read or held elsewhere."""
-    if not counters:
+    if not counters or type(counters[0]) is not TpuTensor:
         return None
     p = getattr(counters[0]._tpu_storage.array, "program", None)   # (a placeholder's)
     if type(p) is not PendingAdd or p.olds is None or len(p.storages) != len(counters):

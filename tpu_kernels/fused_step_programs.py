@@ -16,9 +16,9 @@ dtype instead of one array each; a moment read between steps (``opt.state_dict()
 eager ``opt.step()`` 3.79 -> 1.96 ms, medium 5.88 -> 2.96 (and the README's loop, a
 compiled loss with an eager AdamW, 6.62 -> 4.54 / 9.99 -> 7.14 ms), results bit for bit
 the plain route's; on 2 CPU cores 1155 -> 797 µs of host time a step. With the step
-counters' increment taken in as well (``step_counters.py``), 2 CPU cores,
-``bench/optimizer_step.py``: small GPT AdamW ``opt.step()`` 0.71x, its loop 0.69x; SGD
-with momentum 0.60x / 0.76x.
+counters' increment taken in as well (``step_counters.py``), ``bench/optimizer_step.py``
+on the v5e: small GPT AdamW ``opt.step()`` 3.87 -> 1.04 ms, the loop 6.42 -> 3.88; SGD
+with momentum 2.18 -> 0.78 / 4.94 -> 3.42; on 2 CPU cores 0.71x / 0.69x and 0.60x / 0.76x.
 
 ``lr`` enters the program as a 0-dim device tensor (made once per value: a scheduler
 compiles nothing); the other numbers and flags are part of the signature. Calls recorded

@@ -34,8 +34,8 @@ import os
 import torch
 from torch._ops import OpOverload
 
-from tpu_kernels import devices, lazy, step_counters
-from tpu_kernels.dispatch import graph_trace, run_call
+from tpu_kernels import devices, step_counters
+from tpu_kernels.dispatch import run_call
 from tpu_kernels.graph_program import GraphProgram
 from tpu_kernels.lru import LRU
 from tpu_kernels.registry import runtime_handler
@@ -85,7 +85,7 @@ def _split(op: OpOverload, args: tuple, kwargs: dict) -> tuple | None:
     graph is: the op with a tensor ``lr``, per argument a tensor list's length, a tensor,
     or a value, and the increment it takes (``step_counters.py``); the tensors are its
     inputs."""
-    if graph_trace.active() is not None or lazy.recording() or lazy.capturing() or devices.several:
+    if not step_counters.eager_on_one_device():
         return None
     bound = dict(zip(_names(op), args))
     bound.update(kwargs)

@@ -93,11 +93,16 @@ def add_to_counters(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     run as usual for everything else."""
     tensors = args[0]
     alpha = args[1] if len(args) > 1 else kwargs.get("scalar")
-    if (type(alpha) in (int, float) and tensors and not devices.several and graph_trace.active() is None
-            and not lazy.recording() and not lazy.capturing() and _all_counters(tensors)):
+    if type(alpha) in (int, float) and tensors and eager_on_one_device() and _all_counters(tensors):
         PendingAdd([t._tpu_storage for t in tensors], alpha)
         return None
     return run_call(op, args, kwargs)
+
+
+def eager_on_one_device() -> bool:
+    """Ops run now, one by one (not traced, recorded or captured), on a single tpu device:
+    where a fused step runs as its own program and its counters' increment can wait."""
+    return not devices.several and graph_trace.active() is None and not lazy.recording() and not lazy.capturing()
 
 
 def _all_counters(tensors: list) -> bool:

@@ -51,6 +51,18 @@ def _step(model, opt, x, sched=None):
         sched.step()
 
 
+def _both(n: int, cpu, opt_cpu, tpu, opt_tpu, x, scheds=(None, None)) -> None:
+    """``n`` steps of the CPU model and of the tpu one on the same batch."""
+    for _ in range(n):
+        _step(cpu, opt_cpu, x, scheds[0])
+        _step(tpu, opt_tpu, x.to("tpu"), scheds[1])
+
+
+def _same_parameters(cpu, tpu) -> None:
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.cpu(), p)
+
+
 def _fused(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     for g in opt.param_groups:   # CPU's fused kernel: the same step torch takes on tpu
         g["fused"], g["foreach"] = True, False
@@ -64,9 +76,7 @@ def test_a_fused_step_is_one_program_and_matches_cpu(name, packs):
     with _setting(packs=packs):
         opt_cpu, opt_tpu = _fused(STEPS[name](cpu.parameters())), STEPS[name](tpu.parameters())
         x = torch.randn(4, 6)
-        for _ in range(4):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
+        _both(4, cpu, opt_cpu, tpu, opt_tpu, x)
         # the first step is a program of its own (SGD's makes its momentum buffers; Adam's
         # step counters were incremented on their own), the later ones take the counters'
         # increment (step_counters.py)
@@ -78,8 +88,7 @@ def test_a_fused_step_is_one_program_and_matches_cpu(name, packs):
         assert len(program.donated) == n_params * (1 + state)
         if packs:
             assert any(p is not None for p in program._packs.values())
-    for p, q in zip(cpu.parameters(), tpu.parameters()):
-        torch.testing.assert_close(q.cpu(), p)
+    _same_parameters(cpu, tpu)
     for s_cpu, s_tpu in zip(opt_cpu.state.values(), opt_tpu.state.values()):
         for k in s_cpu:
             torch.testing.assert_close(s_tpu[k].cpu(), s_cpu[k])
@@ -108,13 +117,10 @@ def test_a_scheduler_changes_lr_without_a_new_program():
         s_cpu = torch.optim.lr_scheduler.ExponentialLR(opt_cpu, 0.5)
         s_tpu = torch.optim.lr_scheduler.ExponentialLR(opt_tpu, 0.5)
         x = torch.randn(4, 6)
-        for _ in range(5):
-            _step(cpu, opt_cpu, x, s_cpu)
-            _step(tpu, opt_tpu, x.to("tpu"), s_tpu)
+        _both(5, cpu, opt_cpu, tpu, opt_tpu, x, (s_cpu, s_tpu))
         first, program = fsp.PROGRAMS.values()   # (the first step's, then the others')
         assert program.calls == 4 and program.traces == 1
-    for p, q in zip(cpu.parameters(), tpu.parameters()):
-        torch.testing.assert_close(q.cpu(), p)
+    _same_parameters(cpu, tpu)
 
 
 def test_packed_moments_read_written_and_held_between_steps():
@@ -124,30 +130,22 @@ def test_packed_moments_read_written_and_held_between_steps():
     with _setting(packs=True):
         opt_cpu, opt_tpu = _fused(torch.optim.AdamW(cpu.parameters(), lr=1e-2)), torch.optim.AdamW(tpu.parameters(), lr=1e-2)
         x = torch.randn(4, 6)
-        for _ in range(2):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
+        _both(2, cpu, opt_cpu, tpu, opt_tpu, x)
         held = opt_tpu.state[next(tpu.parameters())]["exp_avg"]
         held_array = held.jax()          # a user's own reference: the step must not donate it
         before = held.cpu()
-        _step(cpu, opt_cpu, x)
-        _step(tpu, opt_tpu, x.to("tpu"))
+        _both(1, cpu, opt_cpu, tpu, opt_tpu, x)
         torch.testing.assert_close(torch.from_numpy(np.array(held_array)), before)
         torch.testing.assert_close(held.cpu(), opt_cpu.state[next(cpu.parameters())]["exp_avg"])
         saved = copy.deepcopy(opt_cpu.state_dict())
         tpu_saved = opt_tpu.state_dict()
         for s_cpu, s_tpu in zip(saved["state"].values(), tpu_saved["state"].values()):
             torch.testing.assert_close(s_tpu["exp_avg_sq"].cpu(), s_cpu["exp_avg_sq"])
-        for _ in range(2):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
+        _both(2, cpu, opt_cpu, tpu, opt_tpu, x)
         opt_cpu.load_state_dict(saved)
         opt_tpu.load_state_dict(saved)     # (CPU state: torch moves it to the parameters)
-        for _ in range(2):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
-    for p, q in zip(cpu.parameters(), tpu.parameters()):
-        torch.testing.assert_close(q.cpu(), p)
+        _both(2, cpu, opt_cpu, tpu, opt_tpu, x)
+    _same_parameters(cpu, tpu)
 
 
 def test_calls_the_programs_do_not_take_go_the_plain_route():
@@ -160,8 +158,7 @@ def test_calls_the_programs_do_not_take_go_the_plain_route():
             _step(tpu, opt_tpu, x.to("tpu"))
         _step(cpu, opt_cpu, x)
         assert not fsp.PROGRAMS.values()
-        for p, q in zip(cpu.parameters(), tpu.parameters()):
-            torch.testing.assert_close(q.cpu(), p)
+        _same_parameters(cpu, tpu)
 
         flat = torch.zeros(10, device="tpu")
         views = [torch.nn.Parameter(flat[:6].view(2, 3)), torch.nn.Parameter(flat[6:])]   # one storage
@@ -185,21 +182,16 @@ def test_step_counters_read_between_their_increment_and_the_step_are_right():
     with _setting(packs=True):
         opt_cpu, opt_tpu = _fused(torch.optim.Adam(cpu.parameters(), lr=1e-2)), torch.optim.Adam(tpu.parameters(), lr=1e-2)
         x = torch.randn(4, 6)
-        for _ in range(3):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
+        _both(3, cpu, opt_cpu, tpu, opt_tpu, x)
         steps = [s["step"] for s in opt_tpu.state.values()]
         assert isinstance(steps[0]._tpu_storage.array, tpu_kernels.lazy.Lazy)   # packed
         torch._foreach_add_(steps, 1)                 # left pending...
         assert type(steps[0]._tpu_storage.array.program).__name__ == "PendingAdd"
         assert [s.item() for s in steps] == [4.0] * len(steps)   # ...and run when read
         torch._foreach_add_(steps, -1)
-        for _ in range(2):
-            _step(cpu, opt_cpu, x)
-            _step(tpu, opt_tpu, x.to("tpu"))
+        _both(2, cpu, opt_cpu, tpu, opt_tpu, x)
         assert [s["step"].item() for s in opt_tpu.state.values()] == [5.0] * len(steps)
-        for p, q in zip(cpu.parameters(), tpu.parameters()):
-            torch.testing.assert_close(q.cpu(), p)
+        _same_parameters(cpu, tpu)
 
         # (capturable: its counters on the device, each step one ``_foreach_add_`` of them)
         foreach = torch.optim.Adam(copy.deepcopy(tpu).parameters(), lr=1e-2, foreach=True, capturable=True)

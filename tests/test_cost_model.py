@@ -1,9 +1,12 @@
 """The registry's choice on a TPU is backed by numbers: a Pallas/Helion impl runs only
 where its modelled time (the flops and HBM bytes its grid moves, padding included) beats
-XLA's compiled estimate for the op's lowering; off TPU nothing changes. Checked inside
+XLA's compiled estimate for the op's lowering, or, where both were measured on the chip
+(``measured.json``), where it measured faster; off TPU nothing changes. Checked inside
 ``tpu_info.compile_for(chip)`` (kernels lower for that chip on this CPU machine), on meta
 tensors: no kernel runs and nothing compiles."""
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ import tpu_kernels  # noqa: F401  (registers the tpu device and the impls)
 from tpu_kernels import registry
 from tpu_kernels.pallas import tpu_info
 from tpu_kernels.registry import REGISTRY
-from tpu_kernels.registry.costs import decide, kernel_model, xla_table
+from tpu_kernels.registry.costs import decide, kernel_model, measured, xla_table
 from tpu_kernels.registry.costs.program import program
 
 
@@ -106,3 +109,43 @@ def test_the_shipped_table_has_compiled_figures_for_the_checked_chips():
     for chip in tpu_info.CHECKED_GENERATIONS:
         assert any(k.startswith(f"aten::mm|{chip}|") for k in entries), chip
     assert all(e["seconds"] > 0 and e["roofline"] > 0 for e in entries.values())
+
+
+def _measured_table(monkeypatch, rows: dict) -> None:
+    """``measured.json`` replaced by ``rows`` for one test, every cache that holds it cleared."""
+    monkeypatch.setattr(measured, "table", lambda: rows)
+    monkeypatch.setattr(measured, "_by_class", functools.cache(measured._by_class.__wrapped__))
+    monkeypatch.setattr(decide, "_CACHE", {})
+
+
+def test_a_measurement_on_the_chip_decides_over_the_model(monkeypatch):
+    """The model has the Pallas matmul win at the medium GPT's f32 sizes on v5e; measured
+    there, XLA was faster: the measurement decides, at its shapes and for its shape class,
+    with the measured ratio; a call of another class is left to the model."""
+    op, f32 = registry.resolve_overload("aten::mm"), dict(dtype=torch.float32)
+    args = (_m(1024, 256, **f32), _m(256, 1024, **f32))
+    pallas, xla = _impl("aten::mm", "pallas"), _impl("aten::mm", "xla")
+    model = decide.modelled(op, pallas, xla, args, {}, "v5e")
+    assert model.kernel_wins
+    row = {"op": "aten::mm", "impl": "pallas:mm", "chip": "v5e", "kernel_s": 18e-6, "xla_s": 12e-6}
+    _measured_table(monkeypatch, dict([measured.entry(row, args, {}, model.useful_seconds)]))
+    with tpu_info.compile_for("v5e"):
+        impl, [(loser, why)] = registry.which("aten::mm", *args)
+        assert impl is xla and loser is pallas
+        assert why == "cost on v5e: pallas:mm 18.0 us, XLA 12.0 us (measured on the chip): XLA 1.50x faster"
+        near = (_m(1000, 250, **f32), _m(250, 1000, **f32))      # same class: the measured ratio
+        d = decide.decide(op, pallas, xla, near, {}, "v5e")
+        assert d.source == "measured class" and d.xla_seconds / d.kernel_seconds == pytest.approx(12 / 18)
+        assert registry.which("aten::mm", *near)[0] is xla
+        far = (_m(4096, 4096, **f32), _m(4096, 4096, **f32))     # not measured: the model's figures
+        assert decide.decide(op, pallas, xla, far, {}, "v5e").source in ("compiled", "class", "fallback")
+
+
+def test_the_shipped_measurements_are_whole():
+    entries = measured.table()
+    if not entries:
+        pytest.skip("no measured.json shipped (bench/kernel_choice.py --write on a TPU makes it)")
+    for key, e in entries.items():
+        assert key == f"{e['op']}|{e['impl']}|{e['chip']}|{e['shapes']}"
+        assert e["kernel_s"] > 0 and e["xla_s"] > 0 and e["ideal_s"] > 0
+        assert e["chip"] in tpu_info.CHIPS

@@ -1,8 +1,9 @@
 """Kernel or XLA: the registry's choice on a TPU, backed by numbers.
 
-A Pallas/Helion impl that accepts the arguments runs only where its modelled time
-(``kernel_model``) beats XLA's estimate for the op's XLA lowering (``xla_table``).
-Decisions are cached per (impl, chip, exact argument shapes).
+A Pallas/Helion impl that accepts the arguments runs only where it is faster than the op's
+XLA lowering: as measured on the chip (``measured``: the call's shapes or their shape class)
+where that was done, else by its modelled time (``kernel_model``) against XLA's estimate
+(``xla_table``). Decisions are cached per (impl, chip, exact argument shapes).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from tpu_kernels.registry.costs import kernel_model, xla_table
+from tpu_kernels.registry.costs import kernel_model, measured, xla_table
 from tpu_kernels.registry.costs.program import program
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ class Decision:
     chip: str
     kernel_seconds: float        # modelled
     xla_seconds: float           # the real compiler's estimate (see ``source``)
-    source: str                  # where the XLA figure comes from: compiled | class | fallback
+    source: str                  # where the figures come from: measured | measured class (both
+                                 # measured on the chip), or XLA's: compiled | class | fallback
     useful_seconds: float        # the op's ideal time on the chip (``xla_table.ideal_seconds``)
     modelled: kernel_model.Modelled | None = None
 
@@ -39,6 +41,9 @@ class Decision:
 
     def reason(self) -> str:
         who, by = ("kernel", self.ratio) if self.kernel_wins else ("XLA", 1 / self.ratio if self.ratio else 0.0)
+        if self.source.startswith("measured"):
+            return (f"cost on {self.chip}: {self.kernel} {_us(self.kernel_seconds)}, XLA "
+                    f"{_us(self.xla_seconds)} ({self.source} on the chip): {who} {by:.2f}x faster")
         return (f"cost on {self.chip}: {self.kernel} {_us(self.kernel_seconds)} modelled, XLA "
                 f"{_us(self.xla_seconds)} ({self.source}): {who} {by:.2f}x faster")
 
@@ -58,23 +63,29 @@ def decide(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: s
     with _LOCK:
         if ck in _CACHE:
             return _CACHE[ck]
-    decision = _decide(op, impl, xla_impl, args, kwargs, chip)
+    decision = modelled(op, impl, xla_impl, args, kwargs, chip)
+    if decision is not None:
+        found = measured.lookup(op.name(), decision.kernel, chip, args, kwargs, decision.useful_seconds)
+        if found is not None:
+            decision = dataclasses.replace(decision, kernel_seconds=found[0], xla_seconds=found[1],
+                                           source=found[2])
     with _LOCK:
         _CACHE[ck] = decision
     return decision
 
 
-def _decide(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: str) -> Decision | None:
+def modelled(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: str) -> Decision | None:
+    """The cost model's own decision (no measurements); None where it cannot judge."""
     try:
         kfn, specs = program(op, impl, args, kwargs)
-        modelled = kernel_model.model(kfn, specs, chip)
+        kernel = kernel_model.model(kfn, specs, chip)
         xfn, xspecs = program(op, xla_impl, args, kwargs)
         useful = xla_table.ideal_seconds(xfn, xspecs, chip)
     except Exception as exc:   # a kernel the model cannot trace keeps today's behaviour
         log.debug("cost model cannot judge %s on %s: %s", impl, chip, exc)
         return None
-    if modelled.kernels == 0:
+    if kernel.kernels == 0:
         return None            # no Pallas call traced (a Helion path the walk cannot see)
     est = xla_table.estimate(op.name(), chip, args, kwargs, useful)
-    return Decision(f"{impl.kind}:{impl.name}", chip, modelled.seconds, est.seconds, est.source,
-                    useful, modelled)
+    return Decision(f"{impl.kind}:{impl.name}", chip, kernel.seconds, est.seconds, est.source,
+                    useful, kernel)

@@ -3,7 +3,7 @@
     python -m tpu_kernels.bench.kernel_choice [--cases gpt] [--write]
 
 For each case (an op and its arguments: the small and medium GPT's matmuls and attention
-of ``graph_modes.py``, and larger bf16 ones), each impl is run as the program dispatch
+of ``graph_modes.py``, their N-d linears and norms, and larger bf16 ones), each impl is run as the program dispatch
 would trace for it (``registry.costs.program``), on its own, ``--calls`` times. On a TPU the
 time is the device's: the executables' durations in a JAX profiler trace, so launch
 overhead and host work are left out. Elsewhere it is wall time per waited call
@@ -55,6 +55,26 @@ def _sdpa_bwd(b: int, h: int, s: int, d: int, dtype: torch.dtype) -> tuple[Any, 
     return _SDPA_BWD, (q, q, q, q, q, stats, 0.0, True), {}
 
 
+def _linear(tokens: tuple[int, ...], d_in: int, d_out: int, dtype: torch.dtype) -> tuple[Any, tuple, dict]:
+    w, b = _meta(d_out, d_in, dtype=dtype), _meta(d_out, dtype=dtype)
+    return torch.ops.tpu_kernels.linear.default, (_meta(*tokens, d_in, dtype=dtype), w, b), {}
+
+
+def _linear_weight_grad(tokens: tuple[int, ...], d_in: int, d_out: int, dtype: torch.dtype) -> tuple[Any, tuple, dict]:
+    return (torch.ops.tpu_kernels.linear_weight_grad.default,
+            (_meta(*tokens, d_out, dtype=dtype), _meta(*tokens, d_in, dtype=dtype)), {})
+
+
+def _layer_norm(rows: int, dim: int, dtype: torch.dtype) -> tuple[Any, tuple, dict]:
+    return aten.native_layer_norm.default, (_meta(rows, dim, dtype=dtype), [dim], _meta(dim, dtype=dtype),
+                                            _meta(dim, dtype=dtype), 1e-5), {}
+
+
+def _layer_norm_bwd(rows: int, dim: int, dtype: torch.dtype) -> tuple[Any, tuple, dict]:
+    x, w, stat = _meta(rows, dim, dtype=dtype), _meta(dim, dtype=dtype), _meta(rows, 1, dtype=torch.float32)
+    return aten.native_layer_norm_backward.default, (x, x, [dim], stat, stat, w, w, [True, True, True]), {}
+
+
 _F32, _BF16 = torch.float32, torch.bfloat16
 CASES: dict[str, list[tuple[Any, tuple, dict]]] = {
     # graph_modes' GPTs: medium (8 x 128 tokens, dim 256, 8 heads) and small (4 x 32, dim 64)
@@ -63,6 +83,12 @@ CASES: dict[str, list[tuple[Any, tuple, dict]]] = {
             _mm(128, 64, 192, _F32), _mm(128, 64, 256, _F32), _mm(128, 256, 64, _F32),
             _sdpa(8, 8, 128, 32, _F32), _sdpa_bwd(8, 8, 128, 32, _F32),
             _sdpa(4, 4, 32, 16, _F32), _sdpa_bwd(4, 4, 32, 16, _F32)],
+    # the same models' N-d linears (``tpu_kernels::linear``, its weight gradient) and norms
+    "gpt_linear": [_linear((8, 128), 256, 768, _F32), _linear((8, 128), 256, 256, _F32),
+                   _linear((8, 128), 256, 1024, _F32), _linear((8, 128), 1024, 256, _F32),
+                   _linear_weight_grad((8, 128), 256, 768, _F32), _linear_weight_grad((8, 128), 1024, 256, _F32),
+                   _linear((4, 32), 64, 192, _F32), _linear_weight_grad((4, 32), 64, 256, _F32),
+                   _layer_norm(1024, 256, _F32), _layer_norm_bwd(1024, 256, _F32)],
     "large": [_mm(2048, 2048, 2048, _BF16), _mm(4096, 4096, 1024, _BF16), _mm(2048, 2048, 2048, _F32),
               _sdpa(1, 8, 2048, 128, _BF16), _sdpa_bwd(1, 8, 2048, 128, _BF16),
               _sdpa(8, 8, 512, 64, _BF16), _sdpa_bwd(8, 8, 512, 64, _BF16)],
@@ -123,12 +149,12 @@ def rows(cases: list[tuple[Any, tuple, dict]], calls: int = 20, out=print,
             kernel_s, _ = device_seconds(jax.jit(kfn), arrays, calls)
             model = decide.modelled(op, impl, xla, args, kwargs, chip)
             row = {"op": op.name(), "impl": f"{impl.kind}:{impl.name}", "chip": chip, "clock": clock,
-                   "shapes": measured.signature(args, kwargs), "kernel_s": kernel_s, "xla_s": xla_s,
+                   "shapes": measured.signature(op, args, kwargs), "kernel_s": kernel_s, "xla_s": xla_s,
                    "model_kernel_s": model.kernel_seconds if model else None,
                    "model_xla_s": model.xla_seconds if model else None,
                    "model_says": None if model is None else ("kernel" if model.kernel_wins else "xla"),
                    "measured_says": "kernel" if kernel_s < xla_s else "xla"}
-            row["entry"] = measured.entry(row, args, kwargs, xla_table.ideal_seconds(fn, specs, chip))
+            row["entry"] = measured.entry(row, op, args, kwargs, xla_table.ideal_seconds(fn, specs, chip))
             found.append(row)
             if keep is not None:
                 keep(row)

@@ -128,7 +128,7 @@ def test_a_measurement_on_the_chip_decides_over_the_model(monkeypatch):
     model = decide.modelled(op, pallas, xla, args, {}, "v5e")
     assert model.kernel_wins
     row = {"op": "aten::mm", "impl": "pallas:mm", "chip": "v5e", "kernel_s": 18e-6, "xla_s": 12e-6}
-    _measured_table(monkeypatch, dict([measured.entry(row, args, {}, model.useful_seconds)]))
+    _measured_table(monkeypatch, dict([measured.entry(row, op, args, {}, model.useful_seconds)]))
     with tpu_info.compile_for("v5e"):
         impl, [(loser, why)] = registry.which("aten::mm", *args)
         assert impl is xla and loser is pallas

@@ -65,7 +65,7 @@ def decide(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: s
             return _CACHE[ck]
     decision = modelled(op, impl, xla_impl, args, kwargs, chip)
     if decision is not None:
-        found = measured.lookup(op.name(), decision.kernel, chip, args, kwargs, decision.useful_seconds)
+        found = measured.lookup(op, decision.kernel, chip, args, kwargs, decision.useful_seconds)
         if found is not None:
             decision = dataclasses.replace(decision, kernel_seconds=found[0], xla_seconds=found[1],
                                            source=found[2])

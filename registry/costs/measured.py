@@ -6,7 +6,9 @@ time of the kernel impl's program and of the op's XLA lowering, each run on its 
 ``lookup`` before its model: a call measured at its exact shapes takes the measured
 times; a call of the same shape class (dims rounded up to powers of two, as
 ``xla_table``) takes the measured pair scaled by the ratio of the two calls' ideal times,
-so the measured ratio decides. Anything else is left to the model.
+so the measured ratio decides. Anything else is left to the model. Calls are keyed by
+their arguments bound to the op's schema (defaults filled in), so ``is_causal=True`` given by
+name or by position is one call.
 """
 from __future__ import annotations
 
@@ -20,9 +22,26 @@ from tpu_kernels.registry.costs import xla_table
 PATH = os.path.join(os.path.dirname(__file__), "measured.json")
 
 
-def signature(args: tuple, kwargs: dict) -> str:
-    """The exact shapes of a call, as the table keys them."""
-    return xla_table.signature(args, kwargs, bucket=False)
+def bound(op: Any, args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments in schema order, each given or its default (a higher-order op,
+    which has no schema, as given)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return (*args, *sorted(kwargs.items()))
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out.append(args[i])
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        else:
+            out.append(a.default_value if a.has_default_value() else None)
+    return tuple(out)
+
+
+def signature(op: Any, args: tuple, kwargs: dict, bucket: bool = False) -> str:
+    """A call's exact shapes (or, ``bucket``, its shape class), as the table keys them."""
+    return xla_table.signature(bound(op, args, kwargs), {}, bucket=bucket)
 
 
 def _key(op_name: str, impl: str, chip: str, shape_sig: str) -> str:
@@ -47,26 +66,26 @@ def _by_class() -> dict[str, dict]:
     return found
 
 
-def lookup(op_name: str, impl: str, chip: str, args: tuple, kwargs: dict,
+def lookup(op: Any, impl: str, chip: str, args: tuple, kwargs: dict,
            ideal: float) -> tuple[float, float, str] | None:
-    """(kernel seconds, XLA seconds, "measured" | "measured class") for a call, or None
-    where nothing of its shape class was measured. ``ideal``: the call's ideal seconds."""
-    exact = table().get(_key(op_name, impl, chip, signature(args, kwargs)))
+    """(kernel seconds, XLA seconds, "measured" | "measured class") for a call of ``op``,
+    or None where nothing of its shape class was measured. ``ideal``: the call's ideal seconds."""
+    exact = table().get(_key(op.name(), impl, chip, signature(op, args, kwargs)))
     if exact is not None:
         return exact["kernel_s"], exact["xla_s"], "measured"
-    near = _by_class().get(_key(op_name, impl, chip, xla_table.signature(args, kwargs, bucket=True)))
+    near = _by_class().get(_key(op.name(), impl, chip, signature(op, args, kwargs, bucket=True)))
     if near is None or near["ideal_s"] <= 0:
         return None
     scale = ideal / near["ideal_s"]
     return near["kernel_s"] * scale, near["xla_s"] * scale, "measured class"
 
 
-def entry(row: dict[str, Any], args: tuple, kwargs: dict, ideal: float) -> tuple[str, dict]:
-    """A bench row (``bench/kernel_choice.py``) as a table key and entry."""
-    sig = signature(args, kwargs)
+def entry(row: dict[str, Any], op: Any, args: tuple, kwargs: dict, ideal: float) -> tuple[str, dict]:
+    """A bench row (``bench/kernel_choice.py``) for a call of ``op`` as a table key and entry."""
+    sig = signature(op, args, kwargs)
     return _key(row["op"], row["impl"], row["chip"], sig), {
         "op": row["op"], "impl": row["impl"], "chip": row["chip"], "shapes": sig,
-        "class": xla_table.signature(args, kwargs, bucket=True),
+        "class": signature(op, args, kwargs, bucket=True),
         "kernel_s": row["kernel_s"], "xla_s": row["xla_s"], "ideal_s": ideal}
 
 

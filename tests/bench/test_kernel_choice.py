@@ -20,4 +20,7 @@ def test_kernel_choice_times_both_sides_of_each_case():
         key, entry = r["entry"]
         assert key == f"{r['op']}|{r['impl']}|v5e|{entry['shapes']}" and entry["ideal_s"] > 0
     assert "float32[128,64] float32[64,192]" in lines[0] and "(wall)" in lines[0]
-    assert measured.signature(cases[0][1], {}) == "float32[128,64] float32[64,192]"
+    assert measured.signature(*cases[0]) == "float32[128,64] float32[64,192]"
+    op, (q, k, v), _ = cases[1]     # by name or by position, with the defaults: one call
+    assert measured.signature(op, (q, k, v), {"is_causal": True}) == measured.signature(op, (q, k, v, 0.0, True), {}) \
+        == "float32[2,2,32,16] float32[2,2,32,16] float32[2,2,32,16] float True None None"

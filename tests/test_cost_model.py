@@ -139,6 +139,11 @@ def test_a_measurement_on_the_chip_decides_over_the_model(monkeypatch):
         assert registry.which("aten::mm", *near)[0] is xla
         far = (_m(4096, 4096, **f32), _m(4096, 4096, **f32))     # not measured: the model's figures
         assert decide.decide(op, pallas, xla, far, {}, "v5e").source in ("compiled", "class", "fallback")
+    # a kernel the model cannot see (a Helion path its walk misses) is still judged by its measurement
+    monkeypatch.setattr(decide, "modelled", lambda *a: None)
+    monkeypatch.setattr(decide, "_CACHE", {})
+    d = decide.decide(op, pallas, xla, args, {}, "v5e")
+    assert (d.source, d.kernel_wins, d.modelled) == ("measured", False, None)
 
 
 def test_the_shipped_measurements_are_whole():

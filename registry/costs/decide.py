@@ -23,8 +23,8 @@ class Decision:
     """A kernel impl against the XLA lowering of its op, on one chip."""
     kernel: str                  # "pallas:mm"
     chip: str
-    kernel_seconds: float        # modelled
-    xla_seconds: float           # the real compiler's estimate (see ``source``)
+    kernel_seconds: float        # modelled, or measured (see ``source``)
+    xla_seconds: float           # the real compiler's estimate, or measured
     source: str                  # where the figures come from: measured | measured class (both
                                  # measured on the chip), or XLA's: compiled | class | fallback
     useful_seconds: float        # the op's ideal time on the chip (``xla_table.ideal_seconds``)
@@ -57,18 +57,19 @@ _LOCK = threading.Lock()
 
 
 def decide(op: Any, impl: Any, xla_impl: Any, args: tuple, kwargs: dict, chip: str) -> Decision | None:
-    """``impl`` against ``xla_impl`` for these (meta) arguments on ``chip``; None when the
-    kernel cannot be modelled (it then runs, as it did before the cost model)."""
+    """``impl`` against ``xla_impl`` for these (meta) arguments on ``chip``: measured where
+    the call or its shape class was, else modelled; None when neither can judge (the kernel
+    then runs, as it did before the cost model)."""
     ck = (id(impl), id(xla_impl), chip, xla_table.signature(args, kwargs, bucket=False), repr(kwargs))
     with _LOCK:
         if ck in _CACHE:
             return _CACHE[ck]
     decision = modelled(op, impl, xla_impl, args, kwargs, chip)
-    if decision is not None:
-        found = measured.lookup(op, decision.kernel, chip, args, kwargs, decision.useful_seconds)
-        if found is not None:
-            decision = dataclasses.replace(decision, kernel_seconds=found[0], xla_seconds=found[1],
-                                           source=found[2])
+    name = f"{impl.kind}:{impl.name}"
+    found = measured.lookup(op, name, chip, args, kwargs, decision.useful_seconds if decision else None)
+    if found is not None:     # (also where the model cannot see the kernel: a Helion path)
+        decision = Decision(name, chip, found[0], found[1], found[2],
+                            decision.useful_seconds if decision else 0.0, decision and decision.modelled)
     with _LOCK:
         _CACHE[ck] = decision
     return decision

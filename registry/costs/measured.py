@@ -67,16 +67,17 @@ def _by_class() -> dict[str, dict]:
 
 
 def lookup(op: Any, impl: str, chip: str, args: tuple, kwargs: dict,
-           ideal: float) -> tuple[float, float, str] | None:
+           ideal: float | None) -> tuple[float, float, str] | None:
     """(kernel seconds, XLA seconds, "measured" | "measured class") for a call of ``op``,
-    or None where nothing of its shape class was measured. ``ideal``: the call's ideal seconds."""
+    or None where nothing of its shape class was measured. ``ideal``: the call's ideal
+    seconds (None where unknown: a class's pair is then given as measured, unscaled)."""
     exact = table().get(_key(op.name(), impl, chip, signature(op, args, kwargs)))
     if exact is not None:
         return exact["kernel_s"], exact["xla_s"], "measured"
     near = _by_class().get(_key(op.name(), impl, chip, signature(op, args, kwargs, bucket=True)))
-    if near is None or near["ideal_s"] <= 0:
+    if near is None:
         return None
-    scale = ideal / near["ideal_s"]
+    scale = ideal / near["ideal_s"] if ideal and near["ideal_s"] > 0 else 1.0
     return near["kernel_s"] * scale, near["xla_s"] * scale, "measured class"
 
 

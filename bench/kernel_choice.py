@@ -144,6 +144,7 @@ def rows(cases: list[tuple[Any, tuple, dict]], calls: int = 20, out=print,
         fn, specs = program(op, xla, args, kwargs)
         arrays = _inputs(specs)
         xla_s, clock = device_seconds(jax.jit(fn), arrays, calls)
+        ideal = xla_table.ideal_seconds(fn, specs, chip)
         for impl in kernels:
             kfn, _ = program(op, impl, args, kwargs)
             kernel_s, _ = device_seconds(jax.jit(kfn), arrays, calls)
@@ -154,7 +155,7 @@ def rows(cases: list[tuple[Any, tuple, dict]], calls: int = 20, out=print,
                    "model_xla_s": model.xla_seconds if model else None,
                    "model_says": None if model is None else ("kernel" if model.kernel_wins else "xla"),
                    "measured_says": "kernel" if kernel_s < xla_s else "xla"}
-            row["entry"] = measured.entry(row, op, args, kwargs, xla_table.ideal_seconds(fn, specs, chip))
+            row["entry"] = measured.entry(row, op, args, kwargs, ideal)
             found.append(row)
             if keep is not None:
                 keep(row)

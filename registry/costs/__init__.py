@@ -7,6 +7,7 @@
 - ``measured``: kernel and XLA times measured on a chip (``measured.json``, written by
   ``python -m tpu_kernels.bench.kernel_choice --write`` on a TPU): where a call's shapes or
   their shape class were measured, the measurement decides instead of the model.
+- ``shipped``: the two tables' file format (read, merge).
 - ``program``: an impl as a JAX program over abstract arrays (what both sides trace).
 - ``decide``: the two compared (or the measurement read) per (impl, chip, shapes): the
   ``Decision`` ``Registry.resolve`` acts on.

@@ -13,11 +13,10 @@ name or by position is one call.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 
-from tpu_kernels.registry.costs import xla_table
+from tpu_kernels.registry.costs import shipped, xla_table
 
 PATH = os.path.join(os.path.dirname(__file__), "measured.json")
 
@@ -51,10 +50,7 @@ def _key(op_name: str, impl: str, chip: str, shape_sig: str) -> str:
 @functools.cache
 def table() -> dict[str, dict]:
     """The shipped table (empty when the file is missing)."""
-    if not os.path.exists(PATH):
-        return {}
-    with open(PATH) as f:
-        return json.load(f)["entries"]
+    return shipped.read(PATH)
 
 
 @functools.cache
@@ -92,9 +88,6 @@ def entry(row: dict[str, Any], op: Any, args: tuple, kwargs: dict, ideal: float)
 
 def write(entries: dict[str, dict]) -> None:
     """Merge ``entries`` into the shipped table."""
-    merged = {**table(), **entries}
-    with open(PATH, "w") as f:
-        json.dump({"version": 1, "entries": dict(sorted(merged.items()))}, f, indent=1)
-        f.write("\n")
+    shipped.merge(PATH, entries)
     table.cache_clear()
     _by_class.cache_clear()

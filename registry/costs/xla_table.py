@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import statistics
@@ -27,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from tpu_kernels.pallas import tpu_info
+from tpu_kernels.registry.costs import shipped
 
 PATH = os.path.join(os.path.dirname(__file__), "xla_estimates.json")
 
@@ -80,10 +80,7 @@ class Estimate:
 @functools.cache
 def table() -> dict[str, dict]:
     """The shipped table (empty when the file is missing)."""
-    if not os.path.exists(PATH):
-        return {}
-    with open(PATH) as f:
-        return json.load(f)["entries"]
+    return shipped.read(PATH)
 
 
 def estimate(op_name: str, chip: str, args: tuple, kwargs: dict, roofline: float) -> Estimate:
@@ -114,10 +111,7 @@ def _efficiency(op_name: str, chip: str) -> float:
 
 def write(entries: dict[str, dict]) -> None:
     """Merge ``entries`` into the shipped table."""
-    merged = {**table(), **entries}
-    with open(PATH, "w") as f:
-        json.dump({"version": 1, "entries": dict(sorted(merged.items()))}, f, indent=1)
-        f.write("\n")
+    shipped.merge(PATH, entries)
     table.cache_clear()
     _efficiency.cache_clear()
 

@@ -171,6 +171,7 @@ def _counted(counts: collections.Counter) -> Iterator[None]:
     finally:
         pjit._get_fastpath_data, pxla.ExecuteReplicated.__call__ = fast, execute
         array.ArrayImpl._value, array.ArrayImpl.block_until_ready = value, ready
+        jax.clear_caches()  # entries made meanwhile have no fast path: later calls would lack it
 
 
 def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
@@ -198,6 +199,7 @@ def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
             sync(step())
         finally:
             _keeping[0] = False
+    exe = exe_times()    # (before the counting steps, which compile the programs again)
     counts: collections.Counter = collections.Counter()
     with _counted(counts):
         sync(step())
@@ -205,7 +207,6 @@ def profile(step: Callable[[], Any], steps: int, out=print) -> dict:
         sync(step())
     med = {k: statistics.median(v) for k, v in spans.items()}
     med_cpu = {k: statistics.median(v) for k, v in thread_cpu.items()}
-    exe = exe_times()
     programs = sum(v for k, v in med.items() if k.startswith("program"))
     out(f"step wall (synced) {statistics.median(walls) * 1e3:8.3f} ms   "
         f"CPU time while dispatching {statistics.median(cpus) * 1e3:8.3f} ms")

@@ -27,7 +27,7 @@ from torch._functorch._aot_autograd import utils as aot_utils
 from torch._functorch._aot_autograd.schemas import MutationType
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from tpu_kernels import compile_fast_path
+from tpu_kernels import compile_fast_path, compile_joint
 from tpu_kernels.graph_outputs import tensor_of
 from tpu_kernels.graph_program import GraphProgram
 
@@ -178,10 +178,27 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     geometry = _tangent_geometry(backward, len(tangents))
     nondeterministic = not torch.are_deterministic_algorithms_enabled()
     keep_graph = torch._C._autograd._get_current_graph_task_keep_graph
+    spec = compile_joint.Speculation(forward, backward, n_out, tangents) if compile_joint.ON else None
+    tangent_vals = compile_joint.tangent_vals(backward, len(tangents))
+
+    def _joint(ctx: Any, args: tuple) -> tuple:
+        # the outputs and the gradients at once: the backward hands these back
+        outs = spec.run(args)
+        ctx.stash, ctx.args, ctx.raw = outs[n_out:], args, None
+        ctx.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
+        ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in (args[k] for k in at_inputs)))
+        if non_diff:
+            ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
+        return tuple(outs[:n_out])
 
     class _Compiled(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> tuple:
+            ctx.stash = None
+            if spec is not None:
+                ctx.set_materialize_grads(False)    # an output without a gradient: None
+                if spec.ready() and top_hooks(True) is None:
+                    return _joint(ctx, args)
             outs = forward(*args)
             if top_hooks(True) is None:
                 # inputs saved as themselves: autograd's version check catches a write to
@@ -207,12 +224,26 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
                 raise RuntimeError("This compiled backward function is being run with "
                                    "torch.use_deterministic_algorithms(True), but it was compiled "
                                    "while torch.use_deterministic_algorithms(False) was set.")
+            if ctx.stash is not None:
+                ctx.saved_tensors    # (raises as eagerly where a saved input was written since)
+                if spec.hit(grads):
+                    stash = ctx.stash
+                    if not keep_graph():
+                        ctx.maybe_clear_saved_tensors()
+                        ctx.stash = ctx.args = None
+                    return tuple(stash)
+                ctx.raw, ctx.stash = compile_joint.rerun(forward, ctx.args, ctx.versions)[n_out:], None
+            elif spec is not None:
+                spec.observe(grads)
             if ctx.raw is not None:
                 inputs = iter(ctx.saved_tensors)
                 saved = [s if k is None else next(inputs) for s, k in zip(ctx.raw, kinds)]
             else:
                 saved = [*ctx.saved_tensors, *ctx.no_vc]
             args = [*saved, *(_as_traced(grads[i], g) for i, g in zip(tangents, geometry))]
+            if spec is not None:      # (grads are not materialized: a missing one is zeros)
+                args[len(saved):] = [compile_joint.zeros(v) if a is None else a
+                                     for a, v in zip(args[len(saved):], tangent_vals)]
             if not keep_graph():      # the saved values go with this backward, as AOTAutograd frees them
                 ctx.maybe_clear_saved_tensors()
                 ctx.raw = ctx.no_vc = None

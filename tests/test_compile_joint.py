@@ -188,3 +188,17 @@ def test_an_unsaved_input_written_before_a_backward_it_did_not_compute_raises():
         m[3].bias.add_(1.0)             # read by the forward only: eagerly, no error
     with pytest.raises(RuntimeError, match="TPU_KERNELS_COMPILE_JOINT=0"):
         (loss * 3).backward()           # the forward must run again, on the old bias
+
+
+def test_switched_off_and_on_between_calls(monkeypatch):
+    m = _mlp().to("tpu")
+    fn = _compiled(m)
+    x, y = _data("tpu")
+    _warm(m, fn, x, y)
+    fwd = _forward(fn)
+    for on, calls in [(False, (fwd.calls + 1, 1)), (True, (fwd.calls + 1, 2))]:
+        monkeypatch.setattr(compile_joint, "ON", on)
+        m.zero_grad()
+        fn(x, y).backward()
+        _assert_grads(m, _reference())
+        assert (fwd.calls, fwd.joint.calls) == calls

@@ -19,7 +19,12 @@ eager code, ``create_graph=True``) runs the forward program again for its saved 
 then the backward program, as without this (inputs are saved as before, so an in-place
 change to one raises as it does eagerly; one changed that was not saved makes the rerun
 raise), and turns the joint program off for that function. ``retain_graph=True`` keeps
-the stash for the next backward. ``TPU_KERNELS_COMPILE_JOINT=0`` turns this off.
+the stash for the next backward. ``TPU_KERNELS_COMPILE_JOINT=0`` turns this off
+(``compile_joint.ON = False``: from the next call on).
+
+On a TPU v5e (one process, the two ways switched between rounds of 10 steps, median of
+steps each waited for): the small GPT's compiled training step 3.60 -> 3.12 ms, the medium's
+6.19 -> 5.13 ms (hand-written JAX: 0.95 and 2.72); on 2 CPU cores the small one 3.31 -> 2.77.
 """
 from __future__ import annotations
 
@@ -99,7 +104,7 @@ class Speculation:
 
     def ready(self) -> bool:
         """Whether this forward runs the joint program."""
-        return self.hits >= WARMUP and not self.off and self.qualifies()
+        return ON and self.hits >= WARMUP and not self.off and self.qualifies()
 
     def hit(self, grads: Sequence[Any]) -> bool:
         """Whether the stash is this backward's answer (else: off for good)."""

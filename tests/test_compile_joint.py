@@ -165,11 +165,31 @@ def test_a_seed_written_in_place_is_not_a_seed():
     _assert_grads(m, [2 * g for g in _reference()])
 
 
-@pytest.mark.parametrize("why", ["dropout", "switched_off"])
-def test_not_taken(why, monkeypatch):
-    if why == "switched_off":
-        monkeypatch.setattr(compile_joint, "ON", False)
-    m = _mlp(dropout=0.5 if why == "dropout" else 0.0).to("tpu")
+def test_dropout_draws_the_same_masks_joint_separate_and_rerun(monkeypatch):
+    m = _mlp(dropout=0.5).to("tpu")
+    fn = _compiled(m)
+    x, y = _data("tpu")
+    _warm(m, fn, x, y)
+
+    def grads(on: bool, scale: float = 1.0) -> list[torch.Tensor]:
+        monkeypatch.setattr(compile_joint, "ON", on)
+        torch.manual_seed(5)
+        m.zero_grad()
+        (fn(x, y) * scale if scale != 1.0 else fn(x, y)).backward()
+        return _grads(m)
+    fwd = _forward(fn)
+    joint, separate = grads(True), grads(False)
+    rerun = grads(True, scale=3.0)        # a miss: the forward again, with the joint's key
+    assert (fwd.joint.calls, fwd.calls) == (3, compile_joint.WARMUP + 2)
+    for j, s, r in zip(joint, separate, rerun):
+        torch.testing.assert_close(j, s, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(r, 3 * s, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(joint[0], _reference()[0])    # (the masks dropped something)
+
+
+def test_not_taken_when_switched_off(monkeypatch):
+    monkeypatch.setattr(compile_joint, "ON", False)
+    m = _mlp().to("tpu")
     fn = _compiled(m)
     x, y = _data("tpu")
     for _ in range(compile_joint.WARMUP + 2):

@@ -12,15 +12,16 @@ the backward hands back the gradients (``stash``) without running anything.
 
 When: after ``WARMUP`` backwards of the same compiled function took that pattern (seeds,
 identified by identity: ``_make_grads`` is wrapped to note the ones it makes, and their
-arrays, so a seed written in place is not one), for graphs whose forward has no random
-ops, writes no input and runs as one program, without saved-tensors hooks. At the
-backward the pattern is checked again: a hit returns the stash; a miss (a gradient from
-eager code, ``create_graph=True``) runs the forward program again for its saved values and
-then the backward program, as without this (inputs are saved as before, so an in-place
-change to one raises as it does eagerly; one changed that was not saved makes the rerun
-raise), and turns the joint program off for that function. ``retain_graph=True`` keeps
-the stash for the next backward. ``TPU_KERNELS_COMPILE_JOINT=0`` turns this off
-(``compile_joint.ON = False``: from the next call on).
+arrays, so a seed written in place is not one), for graphs whose forward writes no input
+and runs as one program, without saved-tensors hooks. At the backward the pattern is
+checked again: a hit returns the stash; a miss (a gradient from eager code,
+``create_graph=True``) runs the forward program again for its saved values (its random
+ops, dropout's, drawing what the joint program drew) and then the backward program, as
+without this (inputs are saved as before, so an in-place change to one raises as it does
+eagerly; one changed that was not saved makes the rerun raise), and turns the joint
+program off for that function. ``retain_graph=True`` keeps the stash for the next
+backward. ``TPU_KERNELS_COMPILE_JOINT=0`` turns this off (``compile_joint.ON = False``:
+from the next call on).
 
 On a TPU v5e (one process, the two ways switched between rounds of 10 steps, median of
 steps each waited for): the small GPT's compiled training step 3.60 -> 3.12 ms, the medium's
@@ -82,7 +83,7 @@ class Speculation:
 
     def qualifies(self) -> bool:
         f, b = self.forward, self.backward
-        return not (self.off or f.n_random or f.donated or f.host is not None or f.eager
+        return not (self.off or f.donated or f.host is not None or f.eager
                     or b.eager or f.cpu_outputs or f.cpu_inputs)
 
     def _pattern(self, grads: Sequence[Any]) -> tuple[bool, ...] | None:
@@ -186,9 +187,10 @@ def zeros(val: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).zero_()
 
 
-def rerun(forward: GraphProgram, args: Sequence[Any], versions: Sequence[int]) -> list[Any]:
+def rerun(forward: GraphProgram, args: Sequence[Any], versions: Sequence[int], key: Any) -> list[Any]:
     """The forward program's outputs again, for a backward the joint program did not
-    compute; its inputs must be as they were."""
+    compute: its inputs must be as they were, and its random ops take the joint program's
+    ``key`` (the forward's nodes come first there, so each op draws what it drew)."""
     now = [a._version for a in args if isinstance(a, torch.Tensor)]
     if now != list(versions):
         raise RuntimeError(
@@ -196,4 +198,8 @@ def rerun(forward: GraphProgram, args: Sequence[Any], versions: Sequence[int]) -
             "its forward and a backward that needs the forward's values again (the forward ran "
             "with its backward at once, for a loss.backward() that did not come). Run the "
             "in-place change after the backward, or set TPU_KERNELS_COMPILE_JOINT=0.")
-    return forward(*args)
+    forward.replay_key = key
+    try:
+        return forward(*args)
+    finally:
+        forward.replay_key = None

@@ -48,8 +48,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from tpu_kernels import devices, errors, lazy, random_state
-from tpu_kernels.graph_program import GraphProgram, _no_key, copied_inputs
+from tpu_kernels import devices, errors, lazy
+from tpu_kernels.graph_program import GraphProgram, copied_inputs
 
 log = logging.getLogger("tpu_kernels.compile_step")
 ON = os.environ.get("TPU_KERNELS_COMPILE_DEFER", "0") not in ("", "0")   # opt-in: see above
@@ -93,7 +93,7 @@ class StepProgram(GraphProgram):
         if self.starts_step:
             lazy.flush()
         taken = self.n_random
-        key = random_state.reserve(taken) if taken else _no_key()
+        key = self._key(taken)
         storages, flags = lazy.record(fn, key, *self.arguments([st.array for st, _ in sources]),
                                       watcher=self._flushed)
         lazy.record_until_flush()

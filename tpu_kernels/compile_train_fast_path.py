@@ -184,7 +184,7 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     def _joint(ctx: Any, args: tuple) -> tuple:
         # the outputs and the gradients at once: the backward hands these back
         outs = spec.run(args)
-        ctx.stash, ctx.args, ctx.raw = outs[n_out:], args, None
+        ctx.stash, ctx.args, ctx.raw, ctx.key = outs[n_out:], args, None, spec.program.last_key
         ctx.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
         ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in (args[k] for k in at_inputs)))
         if non_diff:
@@ -232,7 +232,7 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
                         ctx.maybe_clear_saved_tensors()
                         ctx.stash = ctx.args = None
                     return tuple(stash)
-                ctx.raw, ctx.stash = compile_joint.rerun(forward, ctx.args, ctx.versions)[n_out:], None
+                ctx.raw, ctx.stash = compile_joint.rerun(forward, ctx.args, ctx.versions, ctx.key)[n_out:], None
             elif spec is not None:
                 spec.observe(grads)
             if ctx.raw is not None:

@@ -81,6 +81,10 @@ class GraphProgram(PackedCalls):
         # outputs from this position on leave as (storage, geometry) sources, not tensors:
         # activations only a backward program reads (compile_train_fast_path) need no wrapper
         self.raw_from: int | None = None
+        # the random key of the last call, and one the next call takes instead of new
+        # counters (a forward run again for its backward draws what it drew: compile_joint)
+        self.last_key: Any = None
+        self.replay_key: Any = None
         self.scalars: HostScalars | None = None   # set below where the program is our own jit
         hooked = next((j for j in (hook(gm, self._trace) for hook in PROGRAM_HOOKS) if j is not None), None)
         # device inputs the graph writes (an optimizer's parameters and moments) are donated:
@@ -176,7 +180,11 @@ class GraphProgram(PackedCalls):
     def _key(self, taken: int) -> Any:
         # a graph without random ops (known once traced) takes one resident key: no
         # counters to reserve, nothing to move to the device per call
-        return random_state.reserve(taken) if taken or not self.traces else _no_key()
+        key, self.replay_key = self.replay_key, None
+        if key is None:
+            key = random_state.reserve(taken) if taken or not self.traces else _no_key()
+        self.last_key = key
+        return key
 
     def _statics(self, args: tuple, sources: list) -> tuple:
         """The jit's static argument of a call: settings, non-tensor arguments, geometries."""

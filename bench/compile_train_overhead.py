@@ -10,7 +10,9 @@ as two functions of their own (Dynamo keeps one cache per code object). Rounds o
 step runs); the figure is the median round's µs per call. Cases: the one-layer MLP's
 forward with its parameters requiring grad ("mlp grad fwd", as in ``compile_overhead``),
 its forward and ``.sum().backward()``, and the small GPT's (``models.GPT``) forward with
-the cross-entropy loss inside the compiled function and ``.backward()``.
+the cross-entropy loss inside the compiled function and ``.backward()`` (whose fast path,
+after two calls, is one joint program of forward and backward: ``compile_joint.py``; with
+``TPU_KERNELS_COMPILE_JOINT=0`` the two programs).
 ``--clock cpu`` (the default) times the calling thread's CPU time: the Python and
 dispatch work each path does, steady on a loaded machine (the executables' own run on
 XLA's threads is left out). A backward of tpu tensors runs on the calling thread

@@ -153,6 +153,18 @@ def test_a_saved_input_changed_in_place_before_backward_raises():
         loss.backward()
 
 
+def test_an_input_a_saved_view_reads_changed_in_place_before_backward_raises():
+    w = torch.ones(3, 4, device="tpu", requires_grad=True)
+    x = torch.ones(2, 4, device="tpu", requires_grad=True)
+    cf, handed = _compile(lambda x, w: torch.nn.functional.linear(x, w).sum())
+    loss = cf(x, w)
+    assert _is_fast(handed[0])
+    with torch.no_grad():
+        w.add_(1)      # x's gradient reads w's transpose, a view of w: eagerly this raises
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_saved_activations_reach_the_backward_as_storages_not_tensors():
     from tpu_kernels.storage import Storage
     w = torch.ones(3, device="tpu", requires_grad=True)

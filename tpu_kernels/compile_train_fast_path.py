@@ -148,6 +148,24 @@ def _saved_inputs(forward: GraphProgram, saved: slice) -> list[int | None]:
     return [placeholders.get(o) for o in outs]
 
 
+def _viewed_inputs(forward: GraphProgram, saved: slice) -> list[int]:
+    """The forward's inputs whose storage a saved activation views (read from the traced
+    values: a view shares its base's storage)."""
+    placeholders = list(forward.gm.graph.find_nodes(op="placeholder"))
+    storages: dict = {}
+    for k, p in enumerate(placeholders):
+        v = p.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            storages.setdefault(StorageWeakRef(v.untyped_storage()), k)
+    found: list[int] = []
+    for o in forward.gm.graph.output_node().args[0][saved]:
+        v = o.meta.get("val") if isinstance(o, torch.fx.Node) and o.op != "placeholder" else None
+        k = storages.get(StorageWeakRef(v.untyped_storage())) if isinstance(v, torch.Tensor) else None
+        if k is not None and k not in found:
+            found.append(k)
+    return found
+
+
 def _as_traced(g: Any, geometry: tuple) -> Any:
     """A gradient laid out as the backward graph was traced (its views were recorded
     against that layout), as AOTAutograd's runtime tangent coercion does."""
@@ -168,6 +186,10 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     # what each saved value is: an input's position, or None (an activation)
     kinds = saved_inputs + [None] * (len(forward.gm.graph.output_node().args[0]) - no_vc.start)
     at_inputs = [k for k in saved_inputs if k is not None]
+    # saved activations that are views of inputs (a weight's transpose) are read from the
+    # input's storage: the input is saved too, so autograd's version check covers a write
+    # to it before backward, as eagerly (saved last: the backward reads at_inputs only)
+    checked = at_inputs + [k for k in _viewed_inputs(forward, with_vc) if k not in at_inputs]
     # the saved values leave the forward program as (storage, geometry) sources: the
     # activations are read by the backward program only (no tpu tensor is made for them,
     # about 60 in a small GPT's step) and the inputs' own tensors are saved instead
@@ -186,7 +208,7 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
         outs = spec.run(args)
         ctx.stash, ctx.args, ctx.raw, ctx.key = outs[n_out:], args, None, spec.program.last_key
         ctx.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
-        ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in (args[k] for k in at_inputs)))
+        ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in (args[k] for k in checked)))
         if non_diff:
             ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
         return tuple(outs[:n_out])
@@ -203,7 +225,7 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
             if top_hooks(True) is None:
                 # inputs saved as themselves: autograd's version check catches a write to
                 # one before backward (an activation is a new value nobody else can write)
-                saved, ctx.raw = [args[k] for k in at_inputs], outs[n_out:]
+                saved, ctx.raw = [args[k] for k in checked], outs[n_out:]
             else:    # saved-tensors hooks (checkpointing, offloading) see every saved tensor
                 saved = [tensor_of(outs[n_out + j]) if k is None else args[k] for j, k in enumerate(saved_inputs)]
                 ctx.raw, ctx.no_vc = None, outs[no_vc]

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 import transformers as tf
 
-from tpu_kernels import compile_backend
+from tpu_kernels import compile_backend, compile_joint
 
 from tiny import BERT_LIKE, H, I, L, LLAMA_LIKE, NH, V, build, ids, lm, masked_ids, seq2seq
 
@@ -113,7 +113,12 @@ def _check(name: str, own_loss: bool) -> None:
     inputs = inputs_of()
     tpu = copy.deepcopy(cpu).to("tpu")
     want, want_grads = _train(cpu, inputs, own_loss, compiled=False)
+    start = len(compile_backend.PROGRAMS)
     got, got_grads = _train(tpu, {k: v.to("tpu") for k, v in inputs.items()}, own_loss, compiled=True)
+    # the model's own loss, backward() on it: after two steps forward and backward are one
+    # program (compile_joint.py); an eager loss on the logits keeps the two
+    joint = [getattr(p, "joint", None) for p in compile_backend.PROGRAMS[start:] if p.role == "forward"]
+    assert any(j is not None and j.calls == STEPS - compile_joint.WARMUP for j in joint) == own_loss, joint
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **TOL)
     assert got_grads.keys() == want_grads.keys()
     for n, g in want_grads.items():

@@ -55,6 +55,15 @@ def _warm(m: torch.nn.Module, fn, x, y, two_outputs: bool = False) -> None:
     assert _forward(fn).joint.calls == 1
 
 
+def _warmed(two_outputs: bool = False, dropout: float = 0.0):
+    """A tpu MLP, its compiled loss, the data, after ``_warm``."""
+    m = _mlp(dropout).to("tpu")
+    fn = _compiled(m, two_outputs)
+    x, y = _data("tpu")
+    _warm(m, fn, x, y, two_outputs)
+    return m, fn, x, y
+
+
 def _forward(fn):
     return next(p for p in reversed(compile_backend.PROGRAMS) if p.role == "forward")
 
@@ -87,10 +96,7 @@ def test_training_matches_cpu_and_runs_one_program_a_step():
 
 @pytest.mark.parametrize("two_outputs", [False, True], ids=["loss", "logits_and_loss"])
 def test_retain_graph_and_autograd_grad(two_outputs):
-    m = _mlp().to("tpu")
-    fn = _compiled(m, two_outputs)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y, two_outputs)
+    m, fn, x, y = _warmed(two_outputs)
     m.zero_grad()
     loss = fn(x, y)[1] if two_outputs else fn(x, y)
     loss.backward(retain_graph=True)
@@ -103,10 +109,7 @@ def test_retain_graph_and_autograd_grad(two_outputs):
 
 
 def test_a_backward_it_did_not_compute_runs_the_forward_again_then_separately():
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     m.zero_grad()
     (fn(x, y) * 3).backward()           # the loss's gradient is 3, not the seed
     _assert_grads(m, [3 * g for g in _reference()])
@@ -131,10 +134,7 @@ def test_an_eager_loss_on_the_output_never_takes_it():
 
 
 def test_create_graph_runs_the_separate_backward():
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     got = torch.autograd.grad(fn(x, y), list(m.parameters()), create_graph=True)
     for g, want in zip(got, _reference()):
         torch.testing.assert_close(g.detach().cpu(), want, atol=1e-5, rtol=1e-5)
@@ -143,10 +143,7 @@ def test_create_graph_runs_the_separate_backward():
 
 
 def test_a_saved_input_written_before_backward_raises_as_eagerly():
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     loss = fn(x, y)
     x.add_(1.0)                         # saved for backward (the first weight's gradient needs it)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -154,10 +151,7 @@ def test_a_saved_input_written_before_backward_raises_as_eagerly():
 
 
 def test_a_seed_written_in_place_is_not_a_seed():
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     m.zero_grad()
     loss = fn(x, y)
     loss.register_hook(lambda g: g.mul_(2))     # (hooks should not write their argument)
@@ -166,10 +160,7 @@ def test_a_seed_written_in_place_is_not_a_seed():
 
 
 def test_dropout_draws_the_same_masks_joint_separate_and_rerun(monkeypatch):
-    m = _mlp(dropout=0.5).to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed(dropout=0.5)
 
     def grads(on: bool, scale: float = 1.0) -> list[torch.Tensor]:
         monkeypatch.setattr(compile_joint, "ON", on)
@@ -199,10 +190,7 @@ def test_not_taken_when_switched_off(monkeypatch):
 
 
 def test_an_unsaved_input_written_before_a_backward_it_did_not_compute_raises():
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     loss = fn(x, y)
     with torch.no_grad():
         m[3].bias.add_(1.0)             # read by the forward only: eagerly, no error
@@ -211,10 +199,7 @@ def test_an_unsaved_input_written_before_a_backward_it_did_not_compute_raises():
 
 
 def test_switched_off_and_on_between_calls(monkeypatch):
-    m = _mlp().to("tpu")
-    fn = _compiled(m)
-    x, y = _data("tpu")
-    _warm(m, fn, x, y)
+    m, fn, x, y = _warmed()
     fwd = _forward(fn)
     for on, calls in [(False, (fwd.calls + 1, 1)), (True, (fwd.calls + 1, 2))]:
         monkeypatch.setattr(compile_joint, "ON", on)

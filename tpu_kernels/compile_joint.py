@@ -176,12 +176,6 @@ def _constant(g: torch.fx.Graph, val: torch.Tensor, fill: float) -> torch.fx.Nod
     return n
 
 
-def tangent_vals(backward: GraphProgram, n: int) -> list[Any]:
-    """The traced values (meta) of the ``n`` gradients the backward program takes."""
-    placeholders = list(backward.gm.graph.find_nodes(op="placeholder"))
-    return [p.meta.get("val") for p in placeholders[len(placeholders) - n:]] if n else []
-
-
 def zeros(val: torch.Tensor) -> torch.Tensor:
     """A zero gradient laid out as ``val`` (the one traced)."""
     return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=val.device).zero_()

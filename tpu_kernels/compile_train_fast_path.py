@@ -129,13 +129,18 @@ def _tangents(backward: GraphProgram) -> list[int] | None:
     return found
 
 
+def _tangent_vals(backward: GraphProgram, n: int) -> list[Any]:
+    """The traced values (meta) of the ``n`` gradients the backward program takes."""
+    placeholders = list(backward.gm.graph.find_nodes(op="placeholder"))
+    return [p.meta.get("val") for p in placeholders[len(placeholders) - n:]] if n else []
+
+
 def _tangent_geometry(backward: GraphProgram, n: int) -> list[tuple] | None:
     """(sizes, strides) of each of the ``n`` gradients as the backward graph was traced,
     or None if symbolic."""
-    placeholders = list(backward.gm.graph.find_nodes(op="placeholder"))
-    vals = [p.meta.get("val") for p in placeholders[len(placeholders) - n:]] if n else []
     try:
-        return [(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride())) for v in vals]
+        return [(tuple(int(s) for s in v.shape), tuple(int(s) for s in v.stride()))
+                for v in _tangent_vals(backward, n)]
     except (TypeError, AttributeError):
         return None
 
@@ -201,17 +206,21 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
     nondeterministic = not torch.are_deterministic_algorithms_enabled()
     keep_graph = torch._C._autograd._get_current_graph_task_keep_graph
     spec = compile_joint.Speculation(forward, backward, n_out, tangents) if compile_joint.ON else None
-    tangent_vals = compile_joint.tangent_vals(backward, len(tangents))
+    tangent_vals = _tangent_vals(backward, len(tangents))
+
+    def _keep(ctx: Any, saved: list, outs: list) -> tuple:
+        # a view is saved detached (it shares its version counter), as AOTAutograd does
+        ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in saved))
+        if non_diff:
+            ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
+        return tuple(outs[:n_out])
 
     def _joint(ctx: Any, args: tuple) -> tuple:
         # the outputs and the gradients at once: the backward hands these back
         outs = spec.run(args)
         ctx.stash, ctx.args, ctx.raw, ctx.key = outs[n_out:], args, None, spec.program.last_key
         ctx.versions = [a._version for a in args if isinstance(a, torch.Tensor)]
-        ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in (args[k] for k in checked)))
-        if non_diff:
-            ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
-        return tuple(outs[:n_out])
+        return _keep(ctx, [args[k] for k in checked], outs)
 
     class _Compiled(torch.autograd.Function):
         @staticmethod
@@ -229,12 +238,8 @@ def _function(forward: GraphProgram, backward: GraphProgram) -> type:
             else:    # saved-tensors hooks (checkpointing, offloading) see every saved tensor
                 saved = [tensor_of(outs[n_out + j]) if k is None else args[k] for j, k in enumerate(saved_inputs)]
                 ctx.raw, ctx.no_vc = None, outs[no_vc]
-            # a view is saved detached (it shares its version counter), as AOTAutograd does
-            ctx.save_for_backward(*(x.detach() if x._is_view() else x for x in saved))
-            if non_diff:
-                ctx.mark_non_differentiable(*(outs[i] for i in non_diff if isinstance(outs[i], torch.Tensor)))
             ctx._materialize_non_diff_grads = False
-            return tuple(outs[:n_out])
+            return _keep(ctx, saved, outs)
 
         @staticmethod
         @torch._dynamo.disable(reason="a compiled graph's backward: it runs the compiled program")

@@ -51,10 +51,11 @@ class Case:
 
     def params(self, which: str, in_ci: bool = True) -> Any:
         marks = []
+        # the compiled step ("compiled") runs the training step's ops: its known failures
         xf = self.xfail_forward if which == "forward" else self.xfail_train
         if xf:
             marks.append(pytest.mark.xfail(strict=True, reason=xf))
-        if which == "train" and self.drifts_train:
+        if which != "forward" and self.drifts_train:
             marks.append(pytest.mark.xfail(strict=False, reason=self.drifts_train))
         if self.thorough or not in_ci:
             marks.append(pytest.mark.thorough)
@@ -173,6 +174,10 @@ def float64_run(case: Case, train: bool) -> Any:
     model.train(train)
     torch.manual_seed(1)
     inputs = in_float64(case.inputs())
+    default = torch.get_default_dtype()
+    # tensors the model or its loss makes as it runs (DETR's loss: its class weights,
+    # torch.ones(n)) take the default dtype
+    torch.set_default_dtype(torch.float64)
     try:
         if train:
             return _step(model, case, inputs)
@@ -180,6 +185,8 @@ def float64_run(case: Case, train: bool) -> Any:
             return (case.output or default_output)(model(**inputs))
     except Exception:  # noqa: BLE001 - a model that only runs in float32
         return None
+    finally:
+        torch.set_default_dtype(default)
 
 
 def as_accurate(expected: Any, actual: Any, ref: Any, tol: tuple[float, float]) -> str | None:
@@ -305,14 +312,20 @@ def check_forward(case: Case, inference_mode: bool = False) -> None:
                         pytrace=False)
 
 
+def _loss_and_grads(model: torch.nn.Module, case: Case, inputs: dict,
+                    forward: Callable[..., Any] | None = None) -> tuple[torch.Tensor, dict]:
+    """The loss of ``forward(**inputs)`` (default: the model) and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    loss = (case.loss or default_loss)((model if forward is None else forward)(**inputs), inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
 def _step(model: torch.nn.Module, case: Case, inputs: dict) -> tuple[torch.Tensor, dict]:
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    opt.zero_grad()
-    loss = (case.loss or default_loss)(model(**inputs), inputs)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    loss, grads = _loss_and_grads(model, case, inputs)
     opt.step()
-    return loss.detach(), grads
+    return loss, grads
 
 
 LR = 1e-3
@@ -379,6 +392,43 @@ def check_train_step(case: Case) -> None:
                     f"{localise(case, True, F32)}", pytrace=False)
 
 
+def check_compiled_train_step(case: Case) -> None:
+    """The model under ``torch.compile(model, backend="tpu")``, its loss (the model's own
+    ``.loss``, or ``case.loss`` on its outputs, computed eagerly) and ``backward()`` eager, as
+    a training loop is written: the loss and every gradient against CPU eager, on the first
+    call (compiling) and the second (the cached graphs)."""
+    from tpu_kernels import compile_backend
+    cpu, tpu, inputs = _pair(case, train=True)
+    expected = _loss_and_grads(cpu, case, inputs)
+    # Dynamo keeps 8 graphs per code object, then runs it uncompiled: models of one class
+    # built with other configurations must not use them up
+    torch._dynamo.reset()
+    compiled = torch.compile(tpu, backend="tpu")
+    tpu_inputs = _to(inputs, "tpu")
+    programs = len(compile_backend.PROGRAMS)
+    with torch._dynamo.config.patch(allow_rnn=True):   # else Dynamo runs a function with an LSTM eagerly
+        _compiled_calls(case, tpu, compiled, tpu_inputs, expected)
+    assert len(compile_backend.PROGRAMS) > programs, f"{case.name}: the tpu backend compiled no graph"
+    torch._dynamo.reset()
+
+
+def _compiled_calls(case: Case, tpu: torch.nn.Module, compiled: Callable[..., Any], tpu_inputs: dict,
+                    expected: tuple) -> None:
+    for call in ("first", "second"):
+        loss, grads = _run_tpu(case, f"compiled forward+backward ({call} call)",
+                               lambda: _loss_and_grads(tpu, case, tpu_inputs, compiled))
+        # AOTAutograd gives a parameter that feeds only unused outputs a zero gradient where
+        # eager leaves None (LLaVA's vision post-layernorm); aot_eager on CPU does the same
+        actual = (loss, {n: g for n, g in grads.items() if n in expected[1] or g.cpu().any()})
+        missing = sorted(set(expected[1]) ^ set(actual[1]))
+        problems = [f"gradients present on one device only: {missing}"] if missing else []
+        problems += _step_differences(case, expected, actual)
+        if problems:
+            head = "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
+            pytest.fail(f"{case.name} compiled training step ({call} call) differs from CPU "
+                        f"({len(problems)} tensors):\n{head}", pytrace=False)
+
+
 FORWARD_SHARE = 3   # CI runs the forward of one forward-only model in this many
 
 
@@ -391,9 +441,11 @@ def forward_in_ci(case: Case, train_in_ci: set[str]) -> bool:
     return bool(case.xfail_forward) or zlib.crc32(case.name.encode()) % FORWARD_SHARE == 0
 
 
-def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Callable]:
-    """A model file's two tests over its ``cases``: ``test_forward, test_train_step =
-    suite_tests(CASES, {...})`` (pytest collects them by those names).
+def suite_tests(cases: list[Case], train_in_ci: set[str],
+                compiled_in_ci: set[str]) -> tuple[Callable, Callable, Callable]:
+    """A model file's three tests over its ``cases``: ``test_forward, test_train_step,
+    test_compiled_train_step = suite_tests(CASES, {...}, {...})`` (pytest collects them by
+    those names).
 
     CI checks the training step of the models named in ``train_in_ci`` (one or two per
     mechanism the file covers; the step runs the same forward ops in train mode) and the
@@ -401,8 +453,8 @@ def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Cal
     every model. A training step costs CI about 10 s (most of it compiling the backward's
     ops), 97 of them a third of CI's time budget, and most models' backward ops are the same
     few dozen (each is also an op-level parity case)."""
-    unknown = train_in_ci - {c.name for c in cases}
-    assert not unknown, f"train_in_ci names models with no case: {sorted(unknown)}"
+    unknown = (train_in_ci | compiled_in_ci) - {c.name for c in cases}
+    assert not unknown, f"train_in_ci / compiled_in_ci name models with no case: {sorted(unknown)}"
 
     @pytest.mark.parametrize("case", [c.params("forward", forward_in_ci(c, train_in_ci)) for c in cases])
     def test_forward(case):
@@ -411,4 +463,9 @@ def suite_tests(cases: list[Case], train_in_ci: set[str]) -> tuple[Callable, Cal
     @pytest.mark.parametrize("case", [c.params("train", c.name in train_in_ci) for c in cases])
     def test_train_step(case):
         check_train_step(case)
-    return test_forward, test_train_step
+
+    # the compiled step: every model with --thorough (~5-20 s each), one per family in CI
+    @pytest.mark.parametrize("case", [c.params("compiled", c.name in compiled_in_ci) for c in cases])
+    def test_compiled_train_step(case):
+        check_compiled_train_step(case)
+    return test_forward, test_train_step, test_compiled_train_step

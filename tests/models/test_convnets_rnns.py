@@ -146,4 +146,5 @@ CASES = [
 
 # training steps in CI (the convolution/BatchNorm net and the recurrent one); every one with --thorough
 TRAIN_IN_CI = {"resnet", "lstm"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"lstm"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -51,4 +51,5 @@ CASES = [
 
 # training steps in CI (the convolutional feature extractor and CTC loss the others share); every one with --thorough
 TRAIN_IN_CI = {"hubert"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"hubert"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

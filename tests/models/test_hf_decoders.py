@@ -78,4 +78,5 @@ CASES += [
 
 # training steps in CI (rotary, learned positions, grouped_mm and looped experts, soft-capped eager attention, ALiBi, partial rotary); every one with --thorough
 TRAIN_IN_CI = {"llama", "gpt2", "qwen3_moe", "mixtral", "gemma2", "bloom", "phi"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"bloom"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

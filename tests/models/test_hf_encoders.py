@@ -85,4 +85,5 @@ CASES = [
 
 # training steps in CI (absolute, relative-bucket and disentangled attention, encoder-decoder, audio and image encoders); every one with --thorough
 TRAIN_IN_CI = {"bert", "t5", "whisper", "vit", "clip", "deberta_v2"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"whisper"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -42,4 +42,5 @@ CASES = [
 
 # training steps in CI (the two selective-scan families); every one with --thorough
 TRAIN_IN_CI = {"mamba2", "falcon_mamba"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"mamba2"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

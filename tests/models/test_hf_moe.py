@@ -56,4 +56,5 @@ CASES = [
 
 # training steps in CI (latent attention with routed experts, and a plain top-k MoE); every one with --thorough
 TRAIN_IN_CI = {"deepseek_v3", "olmoe"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"deepseek_v3"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -58,4 +58,5 @@ CASES = [
 
 # training steps in CI (a vision tower feeding a decoder, and a two-tower sigmoid loss); every one with --thorough
 TRAIN_IN_CI = {"llava", "siglip"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"llava"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -21,4 +21,5 @@ CASES = [
 
 # training steps in CI (one encoder-decoder beside T5 and Whisper); every one with --thorough
 TRAIN_IN_CI = {"mbart"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"mbart"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -6,7 +6,7 @@ import torch
 import transformers as tf
 
 from model_harness import Case, suite_tests
-from tiny import F32_DRIFT, B, H, I, L, NH, NO_DROPOUT, VIT_LIKE, build, image, pixels
+from tiny import B, H, I, L, NH, NO_DROPOUT, VIT_LIKE, build, image, pixels
 
 _CNN = dict(num_labels=4)
 
@@ -80,11 +80,9 @@ CASES = [
                          embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
                          drop_path_rate=0.0, **NO_DROPOUT, **_CNN), image),
     # the loss indexes the predictions with the Hungarian matcher's (scipy, CPU) indices
-    Case("detr", lambda: tf.DetrForObjectDetection(_detr()), _detection, output=_detr_outputs,
-         xfail_train=F32_DRIFT),
+    Case("detr", lambda: tf.DetrForObjectDetection(_detr()), _detection, output=_detr_outputs),
     Case("yolos", build(tf.YolosForObjectDetection, tf.YolosConfig, num_detection_tokens=5, num_labels=4,
-                        **dict(VIT_LIKE, image_size=[32, 32])), _detection, output=_detr_outputs,
-         xfail_train=F32_DRIFT),
+                        **dict(VIT_LIKE, image_size=[32, 32])), _detection, output=_detr_outputs),
     # the prompt encoder indexes point embeddings with indices built on CPU
     Case("sam", lambda: tf.SamModel(_sam_config()), _sam, output=lambda o: (o.iou_scores, o.pred_masks),
          loss=lambda o, inputs: o.pred_masks.pow(2).mean() + o.iou_scores.sum()),
@@ -96,4 +94,5 @@ CASES = [
 
 # training steps in CI (a BatchNorm CNN and a ViT with layer scale); every one with --thorough
 TRAIN_IN_CI = {"resnet_hf", "dinov2"}
-test_forward, test_train_step = suite_tests(CASES, TRAIN_IN_CI)
+COMPILED_IN_CI = {"resnet_hf"}
+test_forward, test_train_step, test_compiled_train_step = suite_tests(CASES, TRAIN_IN_CI, COMPILED_IN_CI)

@@ -27,14 +27,6 @@ AUDIO_CONV = dict(conv_dim=(16, 16), conv_stride=(4, 2), conv_kernel=(8, 4), num
                   mask_time_prob=0.0, mask_feature_prob=0.0, ctc_loss_reduction="mean", pad_token_id=0)
 
 
-# A training step whose gradients differ from CPU's beyond the float32 tolerance while every
-# ATen op matches CPU when replayed alone (the harness's op-by-op check): accumulated float32
-# rounding over a long backward, with no float64 run of the model to tell which side is closer.
-F32_DRIFT = ("training step: gradients differ from CPU beyond (1e-5, 1.3e-6) although every ATen op "
-             "matches when replayed alone (accumulated float32 rounding); the model has no float64 run "
-             "to show tpu is as accurate as CPU")
-
-
 def build(model_cls, config_cls, attn: str | None = "sdpa", experts: str | None = None,
           post: Callable | None = None, **kw) -> Callable[[], torch.nn.Module]:
     """A builder of ``model_cls(config_cls(**kw))`` with the attention (and MoE experts)

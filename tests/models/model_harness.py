@@ -429,6 +429,33 @@ def _compiled_calls(case: Case, tpu: torch.nn.Module, compiled: Callable[..., An
                         f"({len(problems)} tensors):\n{head}", pytrace=False)
 
 
+def check_compiled_generate(case: Case, cache: str, new_tokens: int = 4) -> None:
+    """Greedy ``generate()`` of a model whose forward is ``torch.compile(..., backend="tpu")``
+    gives CPU's tokens, with transformers' default dynamic cache or ``cache="static"``."""
+    from tpu_kernels import compile_backend
+    torch.manual_seed(0)
+    cpu = case.build().eval()
+    cpu.generation_config.eos_token_id = None    # every run makes all its tokens
+    if cpu.generation_config.pad_token_id is None:
+        cpu.generation_config.pad_token_id = 0
+    tpu = move_to_tpu(copy.deepcopy(cpu))
+    torch._dynamo.reset()
+    tpu.forward = torch.compile(tpu.forward, backend="tpu")
+    torch.manual_seed(1)
+    prompt = case.inputs()["input_ids"][:1]
+    kw = dict(max_new_tokens=new_tokens, do_sample=False)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    want = cpu.generate(prompt, **kw)
+    programs = len(compile_backend.PROGRAMS)
+    # disable_compile: generate() would compile the forward itself for a static cache
+    got = _run_tpu(case, f"compiled generate ({cache} cache)",
+                   lambda: tpu.generate(prompt.to("tpu"), disable_compile=True, **kw))
+    assert torch.equal(got.cpu(), want), f"{case.name} ({cache} cache): {got.cpu().tolist()} vs CPU {want.tolist()}"
+    assert len(compile_backend.PROGRAMS) > programs, f"{case.name}: the tpu backend compiled no graph"
+    torch._dynamo.reset()
+
+
 FORWARD_SHARE = 3   # CI runs the forward of one forward-only model in this many
 
 

@@ -7,6 +7,8 @@ matches the same code on CPU."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -218,6 +220,24 @@ def test_tensor_from_data_inside_compiled_code(make):
     cf = torch.compile(make, backend="tpu")
     for _ in range(2):
         close(cf(x.to("tpu")), make(x))
+
+
+_EXPLAIN_MOVED_CONSTANT = """
+import sys, torch, tpu_kernels
+f = lambda x: x + torch.tensor(4, dtype=torch.long).to(x.device)
+explained = torch._dynamo.explain(f)(torch.randn(3, device="tpu"))
+assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+assert "tpu_kernels.compile_backend" not in sys.modules
+"""
+
+
+def test_explain_traces_a_constant_moved_to_tpu():
+    """``torch._dynamo.explain`` (its own backend: the tpu backend never loads) of code that
+    moves a CPU constant to tpu, as Mistral's sliding-window cache does: fake tensors must
+    trace the move for any backend, not only once the tpu backend is loaded. A fresh process."""
+    out = subprocess.run([sys.executable, "-c", _EXPLAIN_MOVED_CONSTANT], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 def test_float32_grouped_mm_trains_compiled():

@@ -39,6 +39,7 @@ from tpu_kernels import deferred_mode as _deferred_mode  # noqa: E402
 from tpu_kernels.deferred_mode import deferred, flush  # noqa: E402
 from tpu_kernels import graphs as _graphs  # noqa: E402
 from tpu_kernels import graphed_callables as _graphed_callables  # noqa: E402
+from tpu_kernels import shadow as _shadow  # noqa: E402
 from tpu_kernels import fused_step_programs as _fused_step_programs  # noqa: E402,F401  (eager fused optimizer steps)
 from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
@@ -51,6 +52,7 @@ _optim_defaults.install()  # optimizers and clip_grad_norm_ take their foreach p
 _deferred_mode.install()   # a backward and an optimizer step run deferred mode's recording so far
 _graphs.install()          # torch.tpu.graph / TPUGraph: capture a step, replay it as one executable
 _graphed_callables.install()   # torch.tpu.make_graphed_callables
+_shadow.trace_device_copies()  # Dynamo traces a constant's move to tpu (any backend)
 from tpu_kernels import distributed as _distributed  # noqa: E402
 
 _distributed.install()     # c10d backend "tpu" (names only; loads when a group is made)

@@ -20,7 +20,6 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import exceptions_allowed_to_be_fallback
 from torch._functorch._aot_autograd import runtime_wrappers
 from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tpu_kernels import errors, compile_fast_path, shadow, compile_output_bases, compile_step, compile_train_fast_path, compile_options, flex_attention, graph_patterns, optim_defaults
 from tpu_kernels.compile_options import CompileOptions
@@ -29,23 +28,6 @@ from tpu_kernels.tensor import TpuTensor
 from tpu_kernels.registry import inductor_prims as _inductor_prims  # noqa: F401  (prims::fma in graphs)
 
 flex_attention.pass_through_under(_AnalyzeCustomOpInputOutputMode)
-
-
-def _traced_device_copies() -> None:
-    """A small CPU constant moved to tpu inside a compiled function (``torch.tensor(4).to(
-    x.device)``, as transformers' sliding-window caches do) stays a traced copy. Fake
-    tensors fold such a move by running it for real and keeping the result as a constant;
-    here the result is a tpu tensor (a wrapper subclass), which they cannot keep, so Dynamo
-    raised 'fake_tensor must be a FakeTensor with a constant'. Refused as a constant, the
-    move is traced like any other (torch's path for results it cannot keep)."""
-    keeps = FakeTensorMode.may_turn_const
-    if getattr(keeps, "_tpu_kernels", False):
-        return
-
-    def may_turn_const(self, t: torch.Tensor) -> bool:
-        return not isinstance(t, TpuTensor) and keeps(self, t)
-    may_turn_const._tpu_kernels = True
-    FakeTensorMode.may_turn_const = may_turn_const
 
 
 def _plain_restrided_tangents() -> None:
@@ -70,7 +52,6 @@ def _plain_restrided_tangents() -> None:
     runtime_wrappers.coerce_to_expected_memory_format = coerce_to_expected_memory_format
 
 
-_traced_device_copies()
 _plain_restrided_tangents()
 optim_defaults.install_compiled()   # a compiled opt.step counts on the device, as on CUDA
 PROGRAMS: list[GraphProgram] = []   # every graph compiled in this process, for tests and bench

@@ -105,3 +105,23 @@ def view_replay(view: torch.Tensor) -> Callable[..., torch.Tensor]:
         visit = symint_visitor_fn or (lambda n: n)
         return new_base.as_strided([visit(n) for n in sizes], [visit(n) for n in strides], visit(offset))
     return replay
+
+
+def trace_device_copies() -> None:
+    """A small CPU constant moved to tpu inside a compiled function (``torch.tensor(4).to(
+    x.device)``, as transformers' sliding-window caches do) stays a traced copy. Fake
+    tensors fold such a move by running it for real and keeping the result as a constant;
+    here the result is a tpu tensor (a wrapper subclass), which they cannot keep, so Dynamo
+    raised 'fake_tensor must be a FakeTensor with a constant'. Refused as a constant, the
+    move is traced like any other (torch's path for results it cannot keep). Installed with
+    the package, not the backend: Dynamo traces tpu tensors for any backend
+    (``torch._dynamo.explain`` uses its own)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode   # loaded with torch
+    keeps = FakeTensorMode.may_turn_const
+    if getattr(keeps, "_tpu_kernels", False):
+        return
+
+    def may_turn_const(self, t: torch.Tensor) -> bool:
+        return t.device.type != "tpu" and keeps(self, t)
+    may_turn_const._tpu_kernels = True
+    FakeTensorMode.may_turn_const = may_turn_const

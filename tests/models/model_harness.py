@@ -456,6 +456,24 @@ def check_compiled_generate(case: Case, cache: str, new_tokens: int = 4) -> None
     torch._dynamo.reset()
 
 
+def _breaks(model: torch.nn.Module, inputs: dict) -> tuple[int, int, set[str]]:
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        e = torch._dynamo.explain(model)(**inputs)
+    return e.graph_count, e.graph_break_count, {str(b.reason).splitlines()[0] for b in e.break_reasons}
+
+
+def check_graph_breaks(case: Case) -> None:
+    """``torch._dynamo.explain`` of the training forward: on tpu no more graphs and graph
+    breaks than on CPU, for no other reasons."""
+    cpu, tpu, inputs = _pair(case, train=True)
+    want = _breaks(cpu, inputs)
+    got = _breaks(tpu, _to(inputs, "tpu"))
+    torch._dynamo.reset()
+    assert got[0] <= want[0] and got[1] <= want[1] and got[2] <= want[2], \
+        f"{case.name}: (graphs, breaks) {got[:2]} on tpu, {want[:2]} on CPU; tpu's reasons {sorted(got[2] - want[2])}"
+
+
 FORWARD_SHARE = 3   # CI runs the forward of one forward-only model in this many
 
 

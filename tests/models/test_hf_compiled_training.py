@@ -39,7 +39,7 @@ import test_hf_encoders
 import test_hf_hybrid
 import test_hf_moe
 import test_hf_seq2seq
-from model_harness import check_compiled_generate
+from model_harness import check_compiled_generate, check_graph_breaks
 from tiny import BERT_LIKE, H, I, L, LLAMA_LIKE, NH, V, build, ids, lm, masked_ids, seq2seq
 
 T5 = dict(vocab_size=V, d_model=H, d_kv=8, d_ff=I, num_layers=L, num_heads=NH, dropout_rate=0.0,
@@ -179,6 +179,26 @@ def test_every_model_generates_compiled_with_the_dynamic_cache(case):
 @pytest.mark.parametrize("case", STATIC, ids=lambda c: c.name)
 def test_every_model_generates_compiled_with_the_static_cache(case):
     check_compiled_generate(case, "static")
+
+
+def _every_case() -> list:
+    import test_convnets_rnns
+    import test_hf_audio
+    import test_hf_multimodal
+    import test_hf_vision
+    files = (test_hf_decoders, test_hf_moe, test_hf_hybrid, test_hf_encoders, test_hf_seq2seq, test_hf_vision,
+             test_hf_audio, test_hf_multimodal, test_convnets_rnns)
+    return [pytest.param(c, id=c.name, marks=[] if c.name == "mistral" else [pytest.mark.thorough])
+            for m in files for c in m.CASES]
+
+
+# Mistral in CI: its sliding-window cache moves a CPU constant to tpu (explain's own backend
+# failed on it while the tpu backend's fake-tensor rule loaded with the backend)
+@pytest.mark.parametrize("case", _every_case())
+def test_no_more_graph_breaks_on_tpu_than_on_cpu(case):
+    """``torch._dynamo.explain``: 99 of the 100 cases break where CPU does; Switch
+    Transformers once less."""
+    check_graph_breaks(case)
 
 
 @pytest.mark.thorough   # ~50 s: the decode graph is traced and compiled again per cache length

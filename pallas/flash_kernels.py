@@ -58,7 +58,7 @@ def _scores(q, k, mask, seg, *, row0, col0, cfg: Config, transposed: bool = Fals
     """s = q k^T * scale (+ additive mask) in f32, and the kept-entry mask (None: all).
     ``transposed``: s^T = k q^T (bk, bq), q positions along lanes (the dK/dV kernel, whose
     row statistics then arrive as sublane-replicated rows)."""
-    prec = _precision(q.dtype)
+    prec = tpu_info.mxu_precision(q.dtype)
     a, b = (k, q) if transposed else (q, k)
     s = jax.lax.dot_general(a, b, _NT, precision=prec,
                             preferred_element_type=jnp.float32) * cfg.scale
@@ -135,7 +135,7 @@ def _fwd_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
         m_sc[...] = m_new
         v = v_ref[...]
         acc_sc[...] = alpha[:, :1] * acc_sc[...] + jnp.dot(
-            p.astype(v.dtype), v, precision=_precision(v.dtype),
+            p.astype(v.dtype), v, precision=tpu_info.mxu_precision(v.dtype),
             preferred_element_type=jnp.float32)
 
     @pl.when(j == pl.num_programs(3) - 1)
@@ -153,7 +153,7 @@ def _bwd_terms(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg, mask_ref, *
     s, keep = _scores(q_ref[...], k_ref[...], *_read(seg, mask_ref), row0=row0, col0=col0,
                       cfg=cfg, transposed=transposed)
     a, b = (v_ref[...], do_ref[...]) if transposed else (do_ref[...], v_ref[...])
-    dp = jax.lax.dot_general(a, b, _NT, precision=_precision(v_ref.dtype),
+    dp = jax.lax.dot_general(a, b, _NT, precision=tpu_info.mxu_precision(v_ref.dtype),
                              preferred_element_type=jnp.float32)
     lse, delta = lse_ref[...], delta_ref[...]
     lse, delta = (lse[:1, :], delta[:1, :]) if transposed else (lse[:, :1], delta[:, :1])
@@ -175,7 +175,7 @@ def _dq_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
         _, ds = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
                            cfg=cfg)
         k = ins[1][...]
-        acc_sc[...] += jnp.dot(ds.astype(k.dtype), k, precision=_precision(k.dtype),
+        acc_sc[...] += jnp.dot(ds.astype(k.dtype), k, precision=tpu_info.mxu_precision(k.dtype),
                                preferred_element_type=jnp.float32)
 
     @pl.when(j == pl.num_programs(3) - 1)
@@ -199,7 +199,7 @@ def _dkv_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
         pt, dst = _bwd_terms(*ins, seg, mask_ref, row0=i * cfg.lay.bq, col0=j * cfg.lay.bk,
                              cfg=cfg, transposed=True)
         q, do = ins[0][...], ins[3][...]
-        prec = _precision(q.dtype)
+        prec = tpu_info.mxu_precision(q.dtype)
         dv_sc[...] += jnp.dot(pt.astype(do.dtype), do, precision=prec,
                               preferred_element_type=jnp.float32)
         dk_sc[...] += jnp.dot(dst.astype(q.dtype), q, precision=prec,
@@ -210,10 +210,6 @@ def _dkv_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
         dk_ref[...] = (dk_sc[...] * cfg.scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
-
-def _precision(dtype):
-    return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
-            else jax.lax.Precision.DEFAULT)
 
 
 # --- BlockSpecs, grids, pallas_calls, cost -------------------------------------------------

@@ -180,9 +180,8 @@ def _scores(q, k, scale):
 
 def _dot(a, b, dims=None):
     """a @ b (or the given contraction) on the MXU, f32 accumulation; f32 operands exact."""
-    prec = jax.lax.Precision.HIGHEST if b.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
     return jax.lax.dot_general(a.astype(b.dtype), b, dims or (((1,), (0,)), ((), ())),
-                               precision=prec, preferred_element_type=jnp.float32)
+                               precision=tpu_info.mxu_precision(b.dtype), preferred_element_type=jnp.float32)
 
 
 def _keep(mods: Mods, ids, mask_refs, *, partial: bool, cfg: Config):

@@ -300,10 +300,6 @@ def _tgmm_call(lhs, grad, meta, num, num_groups, *, blocks, precision, target):
 
 # --- wrappers -------------------------------------------------------------------------------
 
-def _precision(dtype):
-    return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
-            else jax.lax.Precision.DEFAULT)
-
 
 def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
         transpose_rhs: bool = False, group_offset: jax.Array | int = 0,
@@ -320,7 +316,7 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
     meta, num = _work_list(starts, ends, _cdiv(m, tm), tm, zero_fill=True,
                            last_kk=_cdiv(k, tk) - 1)
     return _gmm_call(lhs, rhs, meta, num, blocks=(tm, tk, tn), transpose_rhs=transpose_rhs,
-                     precision=_precision(lhs.dtype), target=target)
+                     precision=tpu_info.mxu_precision(lhs.dtype), target=target)
 
 
 def tgmm(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *,
@@ -336,7 +332,7 @@ def tgmm(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *,
     starts, ends = _local_groups(group_sizes, group_offset, g, m)
     meta, num = _work_list(starts, ends, _cdiv(m, tm), tm, zero_fill=False, last_kk=0)
     return _tgmm_call(lhs, grad.astype(lhs.dtype), meta, num, g, blocks=(tm, tk, tn),
-                      precision=_precision(lhs.dtype), target=target)
+                      precision=tpu_info.mxu_precision(lhs.dtype), target=target)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

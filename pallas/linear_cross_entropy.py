@@ -178,7 +178,8 @@ def supports(hidden_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype
 
 def _logits(h_ref, w_ref):
     """H_i W_j^T in f32 on the MXU (an NT dot_general: no transpose materialised)."""
-    return lax.dot_general(h_ref[...], w_ref[...], (((1,), (1,)), ((), ())),
+    h, w = h_ref[...], w_ref[...]
+    return lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=tpu_info.mxu_precision(w.dtype),
                            preferred_element_type=jnp.float32)
 
 
@@ -255,7 +256,8 @@ def _bwd_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, *refs, n: int, size: int
     hid = h_ref[...]
     if n % block_n:                 # garbage rows of the ragged block: 0 x NaN is NaN
         hid = jnp.where(rows < n, hid, jnp.zeros_like(hid))
-    part = lax.dot_general(g, hid, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    part = lax.dot_general(g, hid, (((0,), (0,)), ((), ())), precision=tpu_info.mxu_precision(hid.dtype),
+                           preferred_element_type=jnp.float32)
 
     @pl.when(i == 0)
     def _first():
@@ -328,7 +330,7 @@ def _backward(hidden, weight, target, coef, chunk: int, tgt: tpu_info.Target):
         dh, coef_c = lax.optimization_barrier((dh, coef)) if dw is not None else (dh, coef)
         g, dw = _bwd_chunk(c0, size, blocks, hidden, weight, target, coef_c, dw, tgt)
         w_c = lax.slice_in_dim(weight, c0, c0 + size)
-        dh = dh + jnp.dot(g, w_c, preferred_element_type=f32)
+        dh = dh + jnp.dot(g, w_c, precision=tpu_info.mxu_precision(w_c.dtype), preferred_element_type=f32)
     return dh.astype(hidden.dtype), dw
 
 

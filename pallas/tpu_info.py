@@ -183,6 +183,15 @@ def _pallas_device_info(row: Chip) -> Iterator[None]:
             jax_info.registry["cpu"] = old
 
 
+def mxu_precision(dtype) -> jax.lax.Precision:
+    """The precision a kernel's dot names for operands of ``dtype``: float32 exact
+    (HIGHEST: six bfloat16 passes), anything else one pass. Named, never left to JAX's
+    default, which the lowering context sets to torch's matmul precision (Mosaic refuses
+    HIGHEST on bfloat16 operands: 'Bad lhs type')."""
+    return (jax.lax.Precision.HIGHEST if jax.numpy.dtype(dtype) == jax.numpy.float32
+            else jax.lax.Precision.DEFAULT)
+
+
 # -- VMEM arithmetic --------------------------------------------------------------------
 
 def round_up(x: int, mult: int) -> int:

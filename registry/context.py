@@ -36,11 +36,19 @@ class Call:
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("tpu_kernels_call", default=None)
 
 
+# torch's float32 matmul precision as JAX's default for every dot a lowering makes without
+# naming one (``a @ b`` in a lowering, jnp.linalg's own dots): unset, JAX's default on a TPU
+# is one bfloat16 pass, where torch computes float32 ("highest", torch's default)
+_DEFAULT_PRECISION = {"highest": "highest", "high": "high", "medium": "bfloat16"}
+
+
 @contextlib.contextmanager
 def lowering(call: Call) -> Iterator[None]:
+    """The context of one op's lowering: its ``Call`` and torch's matmul precision."""
     token = _CALL.set(call)
     try:
-        yield
+        with jax.default_matmul_precision(_DEFAULT_PRECISION[torch.get_float32_matmul_precision()]):
+            yield
     finally:
         _CALL.reset(token)
 

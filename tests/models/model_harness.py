@@ -474,6 +474,31 @@ def check_graph_breaks(case: Case) -> None:
         f"{case.name}: (graphs, breaks) {got[:2]} on tpu, {want[:2]} on CPU; tpu's reasons {sorted(got[2] - want[2])}"
 
 
+def check_compiles_for_tpu(case: Case, chip: str = "v5e") -> None:
+    """The compiled training step's forward and backward graphs, as the tpu backend builds
+    them (``aot.graphs.capture``: whole graphs, no breaks), compiled for ``chip`` by libtpu's
+    compile-only topology: XLA:TPU and Mosaic accept every program."""
+    from tpu_kernels.aot import graphs, topology
+    from tpu_kernels.aot.compiler import compile_lowered, explain
+    from tpu_kernels.pallas import tpu_info
+    _, tpu, inputs = _pair(case, train=True)
+    keys, tpu_inputs = list(inputs), _to(inputs, "tpu")
+
+    def step(*values):
+        kw = dict(zip(keys, values))
+        return (case.loss or default_loss)(tpu(**kw), kw)
+    with tpu_info.compile_for(chip), torch._dynamo.config.patch(allow_rnn=True):
+        captured = graphs.capture(step, *[tpu_inputs[k] for k in keys])
+    failed = []
+    for g in captured:
+        try:
+            compile_lowered(lambda g=g: graphs.lower(g, topology.sharding(chip)), chip)
+        except Exception as exc:  # noqa: BLE001  (the compiler's verdict)
+            failed.append(f"{g.kind}: {explain(exc)}")
+    assert {g.kind for g in captured} == {"forward", "backward"}, [g.kind for g in captured]
+    assert not failed, f"{case.name} on {chip}: " + "; ".join(failed)
+
+
 FORWARD_SHARE = 3   # CI runs the forward of one forward-only model in this many
 
 

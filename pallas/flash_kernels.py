@@ -211,7 +211,6 @@ def _dkv_kernel(lo_ref, hi_ref, *refs, cfg, has_seg, has_mask, batched):
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
 
 
-
 # --- BlockSpecs, grids, pallas_calls, cost -------------------------------------------------
 
 def _cost(q, k, mask, seg, cfg: Config, fraction: float, *, matmuls: int, q_major: bool):

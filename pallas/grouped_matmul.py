@@ -300,7 +300,6 @@ def _tgmm_call(lhs, grad, meta, num, num_groups, *, blocks, precision, target):
 
 # --- wrappers -------------------------------------------------------------------------------
 
-
 def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
         transpose_rhs: bool = False, group_offset: jax.Array | int = 0,
         block: Blocks | None = None, interpret: bool | None = None) -> jax.Array:

@@ -176,10 +176,16 @@ def supports(hidden_shape: tuple[int, ...], weight_shape: tuple[int, ...], dtype
     return None
 
 
+# The kernels' dots take one MXU pass whatever the dtype (named: the lowering context's
+# default is torch's float32 precision). HIGHEST on float32 blocks (tpu_info.mxu_precision)
+# needs 81 MiB of scoped VMEM on v5e at production shapes (limit 61): float32 inputs keep
+# bfloat16-pass logits here until the blocks are sized for it.
+_IN_KERNEL = lax.Precision.DEFAULT
+
+
 def _logits(h_ref, w_ref):
     """H_i W_j^T in f32 on the MXU (an NT dot_general: no transpose materialised)."""
-    h, w = h_ref[...], w_ref[...]
-    return lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=tpu_info.mxu_precision(w.dtype),
+    return lax.dot_general(h_ref[...], w_ref[...], (((1,), (1,)), ((), ())), precision=_IN_KERNEL,
                            preferred_element_type=jnp.float32)
 
 
@@ -256,7 +262,7 @@ def _bwd_kernel(off_ref, h_ref, w_ref, t_ref, coef_ref, *refs, n: int, size: int
     hid = h_ref[...]
     if n % block_n:                 # garbage rows of the ragged block: 0 x NaN is NaN
         hid = jnp.where(rows < n, hid, jnp.zeros_like(hid))
-    part = lax.dot_general(g, hid, (((0,), (0,)), ((), ())), precision=tpu_info.mxu_precision(hid.dtype),
+    part = lax.dot_general(g, hid, (((0,), (0,)), ((), ())), precision=_IN_KERNEL,
                            preferred_element_type=jnp.float32)
 
     @pl.when(i == 0)

@@ -17,11 +17,12 @@ A failure always names the ATen op behind it:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import traceback
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -387,9 +388,26 @@ def check_train_step(case: Case) -> None:
         if why:
             problems.append(f"{n} after the AdamW step (vs CPU AdamW with the tpu grads): {why}")
     if problems:
-        head = "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
-        pytest.fail(f"{case.name} training step differs from CPU ({len(problems)} tensors):\n{head}\n"
-                    f"{localise(case, True, F32)}", pytrace=False)
+        pytest.fail(f"{case.name} training step differs from CPU ({len(problems)} tensors):\n"
+                    f"{_head(problems)}\n{localise(case, True, F32)}", pytrace=False)
+
+
+def _head(problems: list[str]) -> str:
+    """The first few problems, each its first line and its last words (the figures)."""
+    return "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
+
+
+@contextlib.contextmanager
+def _tpu_backend_compiles(case: Case) -> Iterator[None]:
+    """Fresh Dynamo caches around the block (Dynamo keeps 8 graphs per code object, then
+    runs it uncompiled: models of one class built with other configurations must not use
+    them up), and the tpu backend must have compiled a graph in it."""
+    from tpu_kernels import compile_backend
+    torch._dynamo.reset()
+    programs = len(compile_backend.PROGRAMS)
+    yield
+    assert len(compile_backend.PROGRAMS) > programs, f"{case.name}: the tpu backend compiled no graph"
+    torch._dynamo.reset()
 
 
 def check_compiled_train_step(case: Case) -> None:
@@ -397,19 +415,11 @@ def check_compiled_train_step(case: Case) -> None:
     ``.loss``, or ``case.loss`` on its outputs, computed eagerly) and ``backward()`` eager, as
     a training loop is written: the loss and every gradient against CPU eager, on the first
     call (compiling) and the second (the cached graphs)."""
-    from tpu_kernels import compile_backend
     cpu, tpu, inputs = _pair(case, train=True)
     expected = _loss_and_grads(cpu, case, inputs)
-    # Dynamo keeps 8 graphs per code object, then runs it uncompiled: models of one class
-    # built with other configurations must not use them up
-    torch._dynamo.reset()
-    compiled = torch.compile(tpu, backend="tpu")
-    tpu_inputs = _to(inputs, "tpu")
-    programs = len(compile_backend.PROGRAMS)
-    with torch._dynamo.config.patch(allow_rnn=True):   # else Dynamo runs a function with an LSTM eagerly
-        _compiled_calls(case, tpu, compiled, tpu_inputs, expected)
-    assert len(compile_backend.PROGRAMS) > programs, f"{case.name}: the tpu backend compiled no graph"
-    torch._dynamo.reset()
+    # allow_rnn: else Dynamo runs a function with an LSTM eagerly
+    with _tpu_backend_compiles(case), torch._dynamo.config.patch(allow_rnn=True):
+        _compiled_calls(case, tpu, torch.compile(tpu, backend="tpu"), _to(inputs, "tpu"), expected)
 
 
 def _compiled_calls(case: Case, tpu: torch.nn.Module, compiled: Callable[..., Any], tpu_inputs: dict,
@@ -424,36 +434,31 @@ def _compiled_calls(case: Case, tpu: torch.nn.Module, compiled: Callable[..., An
         problems = [f"gradients present on one device only: {missing}"] if missing else []
         problems += _step_differences(case, expected, actual)
         if problems:
-            head = "\n".join(p.splitlines()[0] + " " + " ".join(p.split()[-12:]) for p in problems[:5])
             pytest.fail(f"{case.name} compiled training step ({call} call) differs from CPU "
-                        f"({len(problems)} tensors):\n{head}", pytrace=False)
+                        f"({len(problems)} tensors):\n{_head(problems)}", pytrace=False)
 
 
 def check_compiled_generate(case: Case, cache: str, new_tokens: int = 4) -> None:
     """Greedy ``generate()`` of a model whose forward is ``torch.compile(..., backend="tpu")``
     gives CPU's tokens, with transformers' default dynamic cache or ``cache="static"``."""
-    from tpu_kernels import compile_backend
     torch.manual_seed(0)
     cpu = case.build().eval()
     cpu.generation_config.eos_token_id = None    # every run makes all its tokens
     if cpu.generation_config.pad_token_id is None:
         cpu.generation_config.pad_token_id = 0
     tpu = move_to_tpu(copy.deepcopy(cpu))
-    torch._dynamo.reset()
-    tpu.forward = torch.compile(tpu.forward, backend="tpu")
     torch.manual_seed(1)
     prompt = case.inputs()["input_ids"][:1]
     kw = dict(max_new_tokens=new_tokens, do_sample=False)
     if cache == "static":
         kw["cache_implementation"] = "static"
     want = cpu.generate(prompt, **kw)
-    programs = len(compile_backend.PROGRAMS)
-    # disable_compile: generate() would compile the forward itself for a static cache
-    got = _run_tpu(case, f"compiled generate ({cache} cache)",
-                   lambda: tpu.generate(prompt.to("tpu"), disable_compile=True, **kw))
+    with _tpu_backend_compiles(case):
+        tpu.forward = torch.compile(tpu.forward, backend="tpu")
+        # disable_compile: generate() would compile the forward itself for a static cache
+        got = _run_tpu(case, f"compiled generate ({cache} cache)",
+                       lambda: tpu.generate(prompt.to("tpu"), disable_compile=True, **kw))
     assert torch.equal(got.cpu(), want), f"{case.name} ({cache} cache): {got.cpu().tolist()} vs CPU {want.tolist()}"
-    assert len(compile_backend.PROGRAMS) > programs, f"{case.name}: the tpu backend compiled no graph"
-    torch._dynamo.reset()
 
 
 def _breaks(model: torch.nn.Module, inputs: dict) -> tuple[int, int, set[str]]:

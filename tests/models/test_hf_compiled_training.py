@@ -34,11 +34,15 @@ import transformers as tf
 
 from tpu_kernels import compile_backend, compile_joint
 
+import test_convnets_rnns
+import test_hf_audio
 import test_hf_decoders
 import test_hf_encoders
 import test_hf_hybrid
 import test_hf_moe
+import test_hf_multimodal
 import test_hf_seq2seq
+import test_hf_vision
 from model_harness import check_compiled_generate, check_compiles_for_tpu, check_graph_breaks
 from tiny import BERT_LIKE, H, I, L, LLAMA_LIKE, NH, V, build, ids, lm, masked_ids, seq2seq
 
@@ -181,20 +185,14 @@ def test_every_model_generates_compiled_with_the_static_cache(case):
     check_compiled_generate(case, "static")
 
 
-def _every_case() -> list:
-    import test_convnets_rnns
-    import test_hf_audio
-    import test_hf_multimodal
-    import test_hf_vision
-    files = (test_hf_decoders, test_hf_moe, test_hf_hybrid, test_hf_encoders, test_hf_seq2seq, test_hf_vision,
-             test_hf_audio, test_hf_multimodal, test_convnets_rnns)
-    return [pytest.param(c, id=c.name, marks=[] if c.name == "mistral" else [pytest.mark.thorough])
-            for m in files for c in m.CASES]
+EVERY = [c for m in (test_hf_decoders, test_hf_moe, test_hf_hybrid, test_hf_encoders, test_hf_seq2seq,
+                     test_hf_vision, test_hf_audio, test_hf_multimodal, test_convnets_rnns) for c in m.CASES]
 
 
 # Mistral in CI: its sliding-window cache moves a CPU constant to tpu (explain's own backend
 # failed on it while the tpu backend's fake-tensor rule loaded with the backend)
-@pytest.mark.parametrize("case", _every_case())
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[] if c.name == "mistral" else
+                                               [pytest.mark.thorough]) for c in EVERY])
 def test_no_more_graph_breaks_on_tpu_than_on_cpu(case):
     """``torch._dynamo.explain``: 99 of the 100 cases break where CPU does; Switch
     Transformers once less."""
@@ -203,14 +201,14 @@ def test_no_more_graph_breaks_on_tpu_than_on_cpu(case):
 
 # capture takes whole graphs (as `python -m tpu_kernels aot --model` does): these break
 _EXPERT_LOOP = "graph break: experts looped over data-dependent hits (Dynamo: data-dependent expression)"
-_AUDIO_BREAK = "graph break: data-dependent branching (the feature encoder sets requires_grad on a view)"
+_AUDIO_BREAK = "graph break: data-dependent branching"
 NOT_WHOLE = {
     "mixtral": _EXPERT_LOOP, "qwen2_moe": _EXPERT_LOOP, "qwen3_moe_eager_2l_64tok": _EXPERT_LOOP,
     "gpt2": "graph break: a logging call", "gpt2_2l_64tok": "graph break: a logging call",
     "switch_transformers": "graph break: calls a function Dynamo skips",
     "wav2vec2": _AUDIO_BREAK, "hubert": _AUDIO_BREAK, "wavlm": _AUDIO_BREAK, "sew": _AUDIO_BREAK,
     "sew_d": _AUDIO_BREAK, "data2vec_audio": _AUDIO_BREAK,
-    "detr": "graph break: data-dependent branching (the Hungarian matcher)",
+    "detr": "graph break: data-dependent branching",
     "segformer": "graph break: an unsupported context manager",
     "llava": "graph break: an unsupported context manager",
     "yolos": "graph break: unexpected type in Dynamo's sourceless builder",
@@ -219,8 +217,8 @@ NOT_WHOLE = {
 
 
 @pytest.mark.thorough   # 4 min on 2 cores: 83 compile for v5e, 17 cannot be captured whole
-@pytest.mark.parametrize("case", [pytest.param(p.values[0], id=p.id, marks=[pytest.mark.xfail(
-    strict=True, reason=NOT_WHOLE[p.id])] if p.id in NOT_WHOLE else []) for p in _every_case()])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(
+    strict=True, reason=NOT_WHOLE[c.name])] if c.name in NOT_WHOLE else []) for c in EVERY])
 def test_training_programs_compile_for_v5e(case):
     pytest.importorskip("libtpu")
     check_compiles_for_tpu(case)

@@ -12,6 +12,7 @@ from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.dtypes import scalar_type_name
 from tpu_kernels.registry.xla._util import float_compute, matmul_precision
+from tpu_kernels.registry.xla.conv_strided import miscompiled_on_tpu, unit_stride_conv
 
 
 def _transposed_weight(w: jax.Array, groups: int) -> jax.Array:
@@ -29,18 +30,21 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     nd = x.ndim - 2
     stride, padding, dilation = _expand(stride, nd), _expand(padding, nd), _expand(dilation, nd)
     acc = float_compute(x.dtype)
-    kw = dict(feature_group_count=groups, precision=matmul_precision(),
+    kw = dict(precision=matmul_precision(),
               preferred_element_type=acc if acc != x.dtype else None)
     if not transposed:
+        if miscompiled_on_tpu(x.shape, stride, dilation):
+            return unit_stride_conv(x, w, stride, padding, groups, **kw)
         return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding],
-                                        rhs_dilation=dilation, **kw)
+                                        rhs_dilation=dilation, feature_group_count=groups, **kw)
     output_padding = _expand(output_padding, nd)
     k = w.shape[2:]
     # a transposed conv is the input-gradient of a conv: dilate the input by the stride
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
             for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     return lax.conv_general_dilated(x, _transposed_weight(w, groups), (1,) * nd, pads,
-                                    lhs_dilation=stride, rhs_dilation=dilation, **kw)
+                                    lhs_dilation=stride, rhs_dilation=dilation,
+                                    feature_group_count=groups, **kw)
 
 
 def _expand(v: Sequence[int], nd: int) -> tuple[int, ...]:

@@ -1,0 +1,75 @@
+"""A strided 1-d convolution written as a stride-1 one over space-to-depth input.
+
+Why: XLA:TPU (libtpu 0.0.42, run on a v5e) returns wrong values for programs that chain
+strided 1-d convolutions. HuBERT's feature extractor (kernel 8 stride 4, then kernel 4
+stride 2, over 400 samples; so WavLM, SEW) came out 0.28 relative off when compiled as one
+program, and of 30 random two- and three-layer strided 1-d chains (forward and gradients
+in one jitted program, plain JAX) 9 were wrong, 7 of them in the gradients only, by 100%;
+each convolution alone was right, and so was every chain rewritten as below (30/30). The
+same chains written as 2-d convolutions of height 1 were as wrong. Strided 2-d and 3-d
+convolutions are left to XLA: no wrong result was seen there (random 2-d chains, ResNet's
+compiled training step on the chip), and libtpu's estimate puts this rewrite at 3-4x the
+time of ResNet's strided 3x3 and 7x7 convolutions (1-d ones: 0.6x for wav2vec2's first,
+kernel 10 stride 5, 2.1x for its kernel 3 stride 2 ones, v5e, forward and backward).
+
+The rewrite: the input, padded, is cut into blocks of ``stride`` along each spatial
+dimension and each block's positions become channels, and the kernel is split the same way:
+
+    y[o, j] = sum_{c, t} x[c, j*s + t] w[o, c, t]
+            = sum_{c, r, u} xs[c*s + r, j + u] ws[o, c*s + r, u],   t = u*s + r
+
+with ``xs[c*s + r, i] = x[c, i*s + r]`` and ``ws[o, c*s + r, u] = w[o, c, u*s + r]`` (zero
+past the kernel's end). Sums and products are those of the strided convolution; taps that
+do not exist are exact zeros. A kernel no longer than its stride reads only its own
+``k`` phases of each block (no zero taps at all: a 1x1 stride-2 convolution costs what a
+1x1 one does).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def miscompiled_on_tpu(shape: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a convolution of an input of ``shape`` (N, C, *spatial) is one XLA:TPU may
+    compute wrongly in a larger program (see the module): strided, undilated, and 1-d (or
+    written as 2-d/3-d with every other spatial size 1)."""
+    return max(stride) > 1 and max(dilation) == 1 and sum(n > 1 for n in shape[2:]) <= 1
+
+
+def unit_stride_conv(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence[int],
+                     groups: int, **conv_kw: Any) -> jax.Array:
+    """``lax.conv_general_dilated(x, w, stride, padding)`` (NC*/OI* layouts, dilation 1,
+    ``groups`` feature groups) computed by a stride-1 convolution (see the module)."""
+    nd = x.ndim - 2
+    k = w.shape[2:]
+    x = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    taps = [-(-kk // s) for kk, s in zip(k, stride)]            # kernel length per block
+    out = [(n - kk) // s + 1 for n, kk, s in zip(x.shape[2:], k, stride)]
+    blocks = [o + t - 1 for o, t in zip(out, taps)]
+    # each dim: exactly blocks*s samples (cut the unread tail, or pad a short one)
+    x = x[(slice(None),) * 2 + tuple(slice(0, b * s) for b, s in zip(blocks, stride))]
+    x = jnp.pad(x, [(0, 0), (0, 0)] + [(0, b * s - n) for b, s, n in zip(blocks, stride, x.shape[2:])])
+    w = jnp.pad(w, [(0, 0), (0, 0)] + [(0, t * s - kk) for t, s, kk in zip(taps, stride, k)])
+    # phases a kernel reads: all s of them, or only its k when it fits in one block
+    phases = [s if t > 1 else kk for t, s, kk in zip(taps, stride, k)]
+    xs = _to_depth(x, blocks, stride, phases)
+    ws = _to_depth(w, taps, stride, phases)
+    return lax.conv_general_dilated(xs, ws, (1,) * nd, [(0, 0)] * nd,
+                                    feature_group_count=groups, **conv_kw)
+
+
+def _to_depth(a: jax.Array, blocks: Sequence[int], stride: Sequence[int],
+              phases: Sequence[int]) -> jax.Array:
+    """(A, B, *blocks*stride) -> (A, B*prod(phases), *blocks): position ``i*s + r`` of a
+    spatial dim becomes block ``i`` of channel ``b*s + r`` (phases ``r < phases`` kept)."""
+    nd = len(blocks)
+    a = a.reshape(a.shape[:2] + tuple(d for b, s in zip(blocks, stride) for d in (b, s)))
+    a = a[(slice(None),) * 2 + tuple(i for p in phases for i in (slice(None), slice(0, p)))]
+    perm = (0, 1) + tuple(3 + 2 * i for i in range(nd)) + tuple(2 + 2 * i for i in range(nd))
+    a = a.transpose(perm)
+    return a.reshape((a.shape[0], a.shape[1] * math.prod(phases)) + tuple(blocks))

@@ -13,18 +13,19 @@ import pytest
 from jax import lax
 
 from tpu_kernels.registry.xla.conv import conv_nd
-from tpu_kernels.registry.xla.conv_strided import unit_stride_conv
+from tpu_kernels.registry.xla.conv_strided import unit_stride_conv, unit_stride_conv_transpose
 
 _WINDOW = re.compile(r"stride = \[([\d, ]+)\].*lhs_dilate = \[([\d, ]+)\], rhs_dilate = \[([\d, ]+)\]")
 
 
-def _windows(x_shape, w_shape, stride, padding):
+def _windows(x_shape, w_shape, stride, padding, transposed=False):
     """(stride, lhs_dilate, rhs_dilate) of every convolution in the forward-and-backward
     program of ``conv_nd`` as the registry lowers torch's convolution."""
     nd = len(x_shape) - 2
 
     def step(x, w):
-        y, vjp = jax.vjp(lambda x, w: conv_nd(x, w, stride, padding, (1,) * nd, False, (0,) * nd, 1), x, w)
+        y, vjp = jax.vjp(lambda x, w: conv_nd(x, w, stride, padding, (1,) * nd, transposed,
+                                              (0,) * nd, 1), x, w)
         return y, vjp(jnp.ones_like(y))
     spec = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (x_shape, w_shape)]
     text = jax.jit(step).lower(*spec).as_text()
@@ -40,6 +41,11 @@ def _windows(x_shape, w_shape, stride, padding):
 ])
 def test_strided_1d_convolutions_lower_to_unit_windows(x_shape, w_shape, stride, padding):
     assert _windows(x_shape, w_shape, stride, padding) == {(1,) * len(stride)}
+
+
+def test_transposed_1d_convolutions_lower_to_unit_windows():
+    """An upsampler's ConvTranspose1d (weight (C_in, C_out, k)): no input dilation."""
+    assert _windows((2, 16, 50), (16, 8, 10), (5,), (2,), transposed=True) == {(1,)}
 
 
 def test_strided_2d_convolutions_stay_strided():
@@ -73,3 +79,30 @@ def test_unit_stride_conv_matches_the_strided_one(spatial, kernel, stride, paddi
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
+
+
+TRANSPOSED = [  # (length, kernel, stride, padding, output_padding, groups)
+    (50, 10, 5, 2, 0, 1), (7, 3, 2, 1, 1, 1), (9, 2, 4, 0, 3, 2), (6, 8, 3, 3, 2, 1), (5, 4, 4, 0, 0, 2),
+]
+
+
+@pytest.mark.parametrize("length, kernel, stride, padding, output_padding, groups", TRANSPOSED)
+def test_unit_stride_conv_transpose_matches_the_dilated_one(length, kernel, stride, padding,
+                                                            output_padding, groups):
+    """Against XLA's form (the input dilated by the stride, the kernel flipped)."""
+    rng = np.random.default_rng(length + kernel)
+    x = rng.standard_normal((2, 2 * groups, length)).astype(np.float32)
+    w = rng.standard_normal((2 * groups, 3, kernel)).astype(np.float32)
+    prec = lax.Precision.HIGHEST
+    lo, hi = kernel - 1 - padding, kernel - 1 - padding + output_padding
+    flipped = jnp.flip(w.reshape(groups, 2, 3, kernel).swapaxes(1, 2).reshape(3 * groups, 2, kernel), 2)
+
+    def dilated(x):
+        return lax.conv_general_dilated(x, flipped, (1,), [(lo, hi)], lhs_dilation=(stride,),
+                                        feature_group_count=groups, precision=prec)
+
+    want = jax.jit(dilated)(x)
+    got = jax.jit(lambda x, w: unit_stride_conv_transpose(x, w, (stride,), (padding,), (output_padding,),
+                                                          groups, precision=prec))(x, w)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -4,7 +4,7 @@ Why: XLA:TPU (libtpu 0.0.42, run on a v5e) returns wrong values for programs tha
 strided 1-d convolutions. HuBERT's feature extractor (kernel 8 stride 4, then kernel 4
 stride 2, over 400 samples; so WavLM, SEW) came out 0.28 relative off when compiled as one
 program, and of 30 random two- and three-layer strided 1-d chains (forward and gradients
-in one jitted program, plain JAX) 9 were wrong, 7 of them in the gradients only, by 100%;
+in one jitted program, plain JAX) 7 were wrong, 5 of them in the gradients only (~100%);
 each convolution alone was right, and so was every chain rewritten as below (30/30). Chains
 of transposed 1-d convolutions (vocoders' upsamplers: Encodec, DAC, SpeechT5's HiFi-GAN)
 were worse: 16 of 23 wrong, 3 of 23 rewritten (those 3 begin with a stride-1 layer, which

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from tpu_kernels.registry.xla.conv import conv_nd
+from tpu_kernels.registry.xla.conv import conv_nd, transposed_weight
 
 KINDS = ("strided", "transposed", "padded")
 FORMS = ("xla", "lowered")
@@ -76,8 +76,7 @@ def _layer(form: str, transposed: bool) -> Callable:
     def xla(x, w, k, s, p):
         if not transposed:
             return lax.conv_general_dilated(x, w, (s,), [(p, p)], precision=HIGHEST)
-        flipped = jnp.flip(w.swapaxes(0, 1), axis=2)
-        return lax.conv_general_dilated(x, flipped, (1,), [(k - 1 - p, k - 1 - p)],
+        return lax.conv_general_dilated(x, transposed_weight(w, 1), (1,), [(k - 1 - p, k - 1 - p)],
                                         lhs_dilation=(s,), precision=HIGHEST)
 
     def lowered(x, w, k, s, p):

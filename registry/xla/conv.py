@@ -16,7 +16,7 @@ from tpu_kernels.registry.xla.conv_strided import (miscompiled_on_tpu, unit_stri
                                                    unit_stride_conv_transpose)
 
 
-def _transposed_weight(w: jax.Array, groups: int) -> jax.Array:
+def transposed_weight(w: jax.Array, groups: int) -> jax.Array:
     """(C_in, C_out/g, *k) of a transposed conv -> (C_out, C_in/g, *k) of the equivalent conv, flipped."""
     cin, cout_g, *k = w.shape
     w = w.reshape(groups, cin // groups, cout_g, *k).swapaxes(1, 2)
@@ -45,7 +45,7 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     # a transposed conv is the input-gradient of a conv: dilate the input by the stride
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
             for kk, p, d, op in zip(k, padding, dilation, output_padding)]
-    return lax.conv_general_dilated(x, _transposed_weight(w, groups), (1,) * nd, pads,
+    return lax.conv_general_dilated(x, transposed_weight(w, groups), (1,) * nd, pads,
                                     lhs_dilation=stride, rhs_dilation=dilation,
                                     feature_group_count=groups, **kw)
 

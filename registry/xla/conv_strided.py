@@ -53,13 +53,12 @@ def unit_stride_conv(x: jax.Array, w: jax.Array, stride: Sequence[int], padding:
     nd = x.ndim - 2
     k = w.shape[2:]
     x = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
-    taps = [-(-kk // s) for kk, s in zip(k, stride)]            # kernel length per block
+    w, taps = _split_kernel(w, stride)
     out = [(n - kk) // s + 1 for n, kk, s in zip(x.shape[2:], k, stride)]
     blocks = [o + t - 1 for o, t in zip(out, taps)]
     # each dim: exactly blocks*s samples (cut the unread tail, or pad a short one)
     x = x[(slice(None),) * 2 + tuple(slice(0, b * s) for b, s in zip(blocks, stride))]
     x = jnp.pad(x, [(0, 0), (0, 0)] + [(0, b * s - n) for b, s, n in zip(blocks, stride, x.shape[2:])])
-    w = jnp.pad(w, [(0, 0), (0, 0)] + [(0, t * s - kk) for t, s, kk in zip(taps, stride, k)])
     # phases a kernel reads: all s of them, or only its k when it fits in one block
     phases = [s if t > 1 else kk for t, s, kk in zip(taps, stride, k)]
     xs = _to_depth(x, blocks, stride, phases)
@@ -77,11 +76,9 @@ def unit_stride_conv_transpose(x: jax.Array, w: jax.Array, stride: Sequence[int]
     interleaved (the inverse of the space-to-depth above)."""
     nd = x.ndim - 2
     cin, cout_g, *k = w.shape
-    taps = [-(-kk // s) for kk, s in zip(k, stride)]
-    w = jnp.pad(w, [(0, 0), (0, 0)] + [(0, t * s - kk) for t, s, kk in zip(taps, stride, k)])
-    w = w.reshape((cin, cout_g) + tuple(d for t, s in zip(taps, stride) for d in (t, s)))
-    w = w.transpose((0, 1) + tuple(3 + 2 * i for i in range(nd)) + tuple(2 + 2 * i for i in range(nd)))
+    w, taps = _split_kernel(w, stride)
     phases = math.prod(stride)
+    w = _to_depth(w, taps, stride, stride)      # (C_in, C_out/groups * phases, *taps)
     w = w.reshape((groups, cin // groups, cout_g * phases) + tuple(taps)).swapaxes(1, 2)
     w = jnp.flip(w.reshape((groups * cout_g * phases, cin // groups) + tuple(taps)),
                  axis=tuple(range(2, 2 + nd)))
@@ -96,6 +93,13 @@ def unit_stride_conv_transpose(x: jax.Array, w: jax.Array, stride: Sequence[int]
     # output_padding may reach past the full result: those positions are zeros
     y = jnp.pad(y, [(0, 0), (0, 0)] + [(0, max(0, p + n - f)) for p, n, f in zip(padding, size, y.shape[2:])])
     return y[(slice(None),) * 2 + tuple(slice(p, p + n) for p, n in zip(padding, size))]
+
+
+def _split_kernel(w: jax.Array, stride: Sequence[int]) -> tuple[jax.Array, list[int]]:
+    """``w`` (A, B, *k) zero-padded to whole blocks of ``stride``, and the blocks per dim."""
+    k = w.shape[2:]
+    taps = [-(-kk // s) for kk, s in zip(k, stride)]
+    return jnp.pad(w, [(0, 0), (0, 0)] + [(0, t * s - kk) for t, s, kk in zip(taps, stride, k)]), taps
 
 
 def _to_depth(a: jax.Array, blocks: Sequence[int], stride: Sequence[int],

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from tpu_kernels.registry.xla.conv import conv_nd
+from tpu_kernels.registry.xla.conv import conv_nd, transposed_weight
 from tpu_kernels.registry.xla.conv_strided import unit_stride_conv, unit_stride_conv_transpose
 
 _WINDOW = re.compile(r"stride = \[([\d, ]+)\].*lhs_dilate = \[([\d, ]+)\], rhs_dilate = \[([\d, ]+)\]")
@@ -95,7 +95,7 @@ def test_unit_stride_conv_transpose_matches_the_dilated_one(length, kernel, stri
     w = rng.standard_normal((2 * groups, 3, kernel)).astype(np.float32)
     prec = lax.Precision.HIGHEST
     lo, hi = kernel - 1 - padding, kernel - 1 - padding + output_padding
-    flipped = jnp.flip(w.reshape(groups, 2, 3, kernel).swapaxes(1, 2).reshape(3 * groups, 2, kernel), 2)
+    flipped = transposed_weight(w, groups)
 
     def dilated(x):
         return lax.conv_general_dilated(x, flipped, (1,), [(lo, hi)], lhs_dilation=(stride,),

@@ -6,13 +6,12 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.dtypes import scalar_type_name
 from tpu_kernels.registry.xla._util import float_compute, matmul_precision
-from tpu_kernels.registry.xla.conv_strided import (miscompiled_on_tpu, unit_stride_conv,
+from tpu_kernels.registry.xla.conv_strided import (conv, miscompiled_on_tpu, unit_stride_conv,
                                                    unit_stride_conv_transpose)
 
 
@@ -36,8 +35,8 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     if not transposed:
         if miscompiled_on_tpu(x.shape, stride, dilation):
             return unit_stride_conv(x, w, stride, padding, groups, **kw)
-        return lax.conv_general_dilated(x, w, stride, [(p, p) for p in padding],
-                                        rhs_dilation=dilation, feature_group_count=groups, **kw)
+        return conv(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
+                    feature_group_count=groups, **kw)
     output_padding = _expand(output_padding, nd)
     if miscompiled_on_tpu(x.shape, stride, dilation):
         return unit_stride_conv_transpose(x, w, stride, padding, output_padding, groups, **kw)
@@ -45,9 +44,8 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     # a transposed conv is the input-gradient of a conv: dilate the input by the stride
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
             for kk, p, d, op in zip(k, padding, dilation, output_padding)]
-    return lax.conv_general_dilated(x, transposed_weight(w, groups), (1,) * nd, pads,
-                                    lhs_dilation=stride, rhs_dilation=dilation,
-                                    feature_group_count=groups, **kw)
+    return conv(x, transposed_weight(w, groups), (1,) * nd, pads, lhs_dilation=stride,
+                rhs_dilation=dilation, feature_group_count=groups, **kw)
 
 
 def _expand(v: Sequence[int], nd: int) -> tuple[int, ...]:

@@ -1,4 +1,6 @@
-"""Strided 1-d convolutions, and transposed ones, written as stride-1 convolutions.
+"""Convolutions XLA:TPU computes wrongly, written as ones it computes right: strided 1-d
+convolutions, and transposed ones, as stride-1 convolutions (below); a convolution whose
+output is longer than its input behind an optimization barrier (``conv``).
 
 Why: XLA:TPU (libtpu 0.0.42, run on a v5e) returns wrong values for programs that chain
 strided 1-d convolutions. HuBERT's feature extractor (kernel 8 stride 4, then kernel 4
@@ -7,8 +9,8 @@ program, and of 30 random two- and three-layer strided 1-d chains (forward and g
 in one jitted program, plain JAX) 7 were wrong, 5 of them in the gradients only (~100%);
 each convolution alone was right, and so was every chain rewritten as below (30/30). Chains
 of transposed 1-d convolutions (vocoders' upsamplers: Encodec, DAC, SpeechT5's HiFi-GAN)
-were worse: 16 of 23 wrong, 3 of 23 rewritten (those 3 begin with a stride-1 layer, which
-this rewrite leaves as it is: a weight gradient after a padded stride-1 layer, open). The
+were worse: 16 of 23 wrong, 3 of 23 rewritten (those 3 begin with a stride-1 layer, a
+growing one: ``conv``'s barrier mends them; 0 of 14 transposed chains wrong with both). The
 same chains written as 2-d convolutions of height 1 were as wrong. Strided 2-d and 3-d
 convolutions are left to XLA: no wrong result was seen there (random 2-d chains, ResNet's
 compiled training step on the chip), and libtpu's estimate puts this rewrite at 3-4x the
@@ -46,6 +48,37 @@ def miscompiled_on_tpu(shape: Sequence[int], stride: Sequence[int], dilation: Se
     return max(stride) > 1 and max(dilation) == 1 and sum(n > 1 for n in shape[2:]) <= 1
 
 
+def conv(x: jax.Array, w: jax.Array, stride: Sequence[int], pads: Sequence[tuple[int, int]],
+         lhs_dilation: Sequence[int] | None = None, rhs_dilation: Sequence[int] | None = None,
+         **conv_kw: Any) -> jax.Array:
+    """``lax.conv_general_dilated`` (NC*/OI* layouts), every lowering's one call of it: a
+    convolution whose output is longer than its input along some dimension reads its input
+    through an ``optimization_barrier``. Why: XLA:TPU (libtpu 0.0.42, v5e) computes the
+    weight gradient of such a convolution wrongly (100-200% off; forward and input gradient
+    right) when its input is computed in the same program: of 24 random 2-3 layer stride-1
+    1-d chains (tanh between) the 15 with a growing layer after the first were wrong, the 9
+    without right; so were a 3x3 padding-2 2-d convolution and a ConvTranspose2d k4 s2 p1 (a
+    UNet's or VAE decoder's upsampler) after a 3x3 one. With the barrier, which keeps the
+    producer out of the convolution's fusion, all of them were right (7 re-run 1-d chains, the
+    first 14 of the sweep, 14 transposed 1-d chains, the 2-d cases). libtpu's estimate of
+    its cost: 1.08x for the VAE upsampler's forward and backward. Transposed stride-1
+    convolutions and ``unit_stride_conv_transpose``'s phase convolution are growing ones."""
+    nd = x.ndim - 2
+    lhs_dilation = tuple(lhs_dilation or (1,) * nd)
+    rhs_dilation = tuple(rhs_dilation or (1,) * nd)
+    if _grows(x.shape[2:], w.shape[2:], stride, pads, lhs_dilation, rhs_dilation):
+        x = lax.optimization_barrier(x)
+    return lax.conv_general_dilated(x, w, tuple(stride), list(pads), lhs_dilation=lhs_dilation,
+                                    rhs_dilation=rhs_dilation, **conv_kw)
+
+
+def _grows(size, k, stride, pads, lhs_dilation, rhs_dilation) -> bool:
+    """Whether a convolution's output is longer than its input along some dimension."""
+    out = [((n - 1) * ld + 1 + lo + hi - d * (kk - 1) - 1) // s + 1
+           for n, kk, s, (lo, hi), ld, d in zip(size, k, stride, pads, lhs_dilation, rhs_dilation)]
+    return any(o > n for o, n in zip(out, size))
+
+
 def unit_stride_conv(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence[int],
                      groups: int, **conv_kw: Any) -> jax.Array:
     """``lax.conv_general_dilated(x, w, stride, padding)`` (NC*/OI* layouts, dilation 1,
@@ -63,8 +96,7 @@ def unit_stride_conv(x: jax.Array, w: jax.Array, stride: Sequence[int], padding:
     phases = [s if t > 1 else kk for t, s, kk in zip(taps, stride, k)]
     xs = _to_depth(x, blocks, stride, phases)
     ws = _to_depth(w, taps, stride, phases)
-    return lax.conv_general_dilated(xs, ws, (1,) * nd, [(0, 0)] * nd,
-                                    feature_group_count=groups, **conv_kw)
+    return conv(xs, ws, (1,) * nd, [(0, 0)] * nd, feature_group_count=groups, **conv_kw)
 
 
 def unit_stride_conv_transpose(x: jax.Array, w: jax.Array, stride: Sequence[int],
@@ -82,8 +114,7 @@ def unit_stride_conv_transpose(x: jax.Array, w: jax.Array, stride: Sequence[int]
     w = w.reshape((groups, cin // groups, cout_g * phases) + tuple(taps)).swapaxes(1, 2)
     w = jnp.flip(w.reshape((groups * cout_g * phases, cin // groups) + tuple(taps)),
                  axis=tuple(range(2, 2 + nd)))
-    z = lax.conv_general_dilated(x, w, (1,) * nd, [(t - 1, t - 1) for t in taps],
-                                 feature_group_count=groups, **conv_kw)
+    z = conv(x, w, (1,) * nd, [(t - 1, t - 1) for t in taps], feature_group_count=groups, **conv_kw)
     m = z.shape[2:]
     z = z.reshape((z.shape[0], groups * cout_g) + tuple(stride) + tuple(m))
     z = z.transpose((0, 1) + tuple(i for d in range(nd) for i in (2 + nd + d, 2 + d)))

@@ -1,7 +1,10 @@
 """Strided 1-d convolutions lower to stride-1 ones (``registry/xla/conv_strided.py``):
 XLA:TPU computes chains of strided 1-d convolutions wrongly (HuBERT's feature extractor
 compiled on a v5e was 16% off), so neither the forward nor the backward program of one may
-hold a window stride or a dilation; the rewrite is exact against XLA's strided one."""
+hold a window stride or a dilation; the rewrite is exact against XLA's strided one. And a
+convolution whose output is longer than its input (padding past half the kernel; stride-1
+and strided transposed ones) reads its input through an optimization barrier: XLA:TPU
+computes its weight gradient wrongly otherwise (2-d ConvTranspose2d k4 s2 p1 included)."""
 from __future__ import annotations
 
 import re
@@ -46,6 +49,39 @@ def test_strided_1d_convolutions_lower_to_unit_windows(x_shape, w_shape, stride,
 def test_transposed_1d_convolutions_lower_to_unit_windows():
     """An upsampler's ConvTranspose1d (weight (C_in, C_out, k)): no input dilation."""
     assert _windows((2, 16, 50), (16, 8, 10), (5,), (2,), transposed=True) == {(1,)}
+
+
+def _barriers(x_shape, w_shape, stride, padding, transposed=False) -> int:
+    """How many optimization barriers the registry's forward-and-backward program holds."""
+    nd = len(x_shape) - 2
+
+    def step(x, w):
+        y, vjp = jax.vjp(lambda x, w: conv_nd(x, w, stride, padding, (1,) * nd, transposed,
+                                              (0,) * nd, 1), x, w)
+        return y, vjp(jnp.ones_like(y))
+    spec = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (x_shape, w_shape)]
+    return jax.jit(step).lower(*spec).as_text().count("optimization_barrier")
+
+
+@pytest.mark.parametrize("x_shape, w_shape, stride, padding, transposed", [
+    ((2, 8, 50), (8, 8, 4), (1,), (3,), False),            # causal conv (padding k-1)
+    ((2, 8, 50), (8, 8, 3), (1,), (0,), True),             # ConvTranspose1d stride 1
+    ((2, 16, 50), (16, 8, 10), (5,), (2,), True),          # the phase convolution's padding t-1
+    ((2, 8, 9, 9), (8, 4, 4, 4), (2, 2), (1, 1), True),    # ConvTranspose2d k4 s2 p1 (UNet, VAE)
+    ((2, 8, 9, 9), (8, 8, 3, 3), (1, 1), (2, 2), False),
+])
+def test_growing_convolutions_read_their_input_through_a_barrier(x_shape, w_shape, stride,
+                                                                  padding, transposed):
+    assert _barriers(x_shape, w_shape, stride, padding, transposed) >= 1
+
+
+@pytest.mark.parametrize("x_shape, w_shape, stride, padding", [
+    ((2, 8, 50), (8, 8, 3), (1,), (1,)), ((2, 8, 9, 9), (8, 8, 3, 3), (2, 2), (1, 1)),
+    ((2, 8, 50), (8, 8, 5), (2,), (2,)),
+])
+def test_other_convolutions_have_no_barrier(x_shape, w_shape, stride, padding):
+    """"Same" and shrinking convolutions keep XLA's fusion of their input's producer."""
+    assert _barriers(x_shape, w_shape, stride, padding) == 0
 
 
 def test_strided_2d_convolutions_stay_strided():

@@ -5,14 +5,17 @@ that found XLA:TPU computing chained strided and transposed 1-d convolutions wro
 On a chip (the CPU device gives the reference)::
 
     JAX_PLATFORMS=tpu,cpu python -m tpu_kernels.bench.conv_chains --kinds strided,transposed,padded
+    JAX_PLATFORMS=tpu,cpu python -m tpu_kernels.bench.conv_chains --dims 2   # square 2-d chains
 
 Each chain has 2-3 layers with tanh between; its forward and the gradients of the input and
 every weight run as one jitted program, float32, HIGHEST precision. A chain is wrong when
 its output or a gradient is off the CPU's by more than ``--bound`` of its largest value.
 Kinds: ``strided`` (strides 1-5, no padding), ``transposed`` (ConvTranspose1d-shaped,
-strides 1-5, padded), ``padded`` (stride 1, padding up to kernel-1: the case left open).
-Forms: ``xla`` (XLA's own strided/dilated convolution), ``lowered`` (the registry's
-``conv_nd``, what tpu_kernels runs).
+strides 1-5, padded), ``padded`` (stride 1, padding up to kernel-1: a layer whose output
+is longer than its input after the first is what XLA:TPU got wrong, ``2026-12-07-s42.md``).
+``--dims 2``: the same chains in 2-d, square (k x k kernels, the same stride and padding
+along both dimensions, sides of 8-48). Forms: ``xla`` (XLA's own strided/dilated
+convolution), ``lowered`` (the registry's ``conv_nd``, what tpu_kernels runs).
 """
 from __future__ import annotations
 
@@ -39,10 +42,11 @@ class Chain:
     length: int
     channels: tuple[int, ...]                 # input's, then each layer's output
     layers: tuple[tuple[int, int, int], ...]  # (kernel, stride, padding) per layer
+    dims: int = 1                             # spatial dimensions, each of ``length``
 
-    def weight_shapes(self) -> list[tuple[int, int, int]]:
+    def weight_shapes(self) -> list[tuple[int, ...]]:
         pairs = zip(self.channels, self.channels[1:])
-        return [(i, o, k) if self.kind == "transposed" else (o, i, k)
+        return [((i, o) if self.kind == "transposed" else (o, i)) + (k,) * self.dims
                 for (i, o), (k, _, _) in zip(pairs, self.layers)]
 
     def out_length(self) -> int:
@@ -52,8 +56,8 @@ class Chain:
         return n
 
 
-def random_chain(kind: str, rng: np.random.Generator) -> Chain:
-    """A chain of ``kind`` with sizes drawn as in the chip sweeps."""
+def random_chain(kind: str, rng: np.random.Generator, dims: int = 1) -> Chain:
+    """A chain of ``kind`` with sizes drawn as in the chip sweeps (2-d: sides of 8-48)."""
     n = int(rng.choice([2, 2, 3]))
     layers = []
     for i in range(n):
@@ -68,16 +72,21 @@ def random_chain(kind: str, rng: np.random.Generator) -> Chain:
             s, p = 1, int(rng.integers(0, k))
         layers.append((k, s, p))
     channels = (int(rng.choice([1, 2, 8, 16])),) + (int(rng.choice([8, 16, 32, 128])),) * n
-    length = int(rng.integers(20, 400) if kind == "transposed" else rng.integers(60, 3000))
-    return Chain(kind, length, channels, tuple(layers))
+    if dims == 1:
+        length = int(rng.integers(20, 400) if kind == "transposed" else rng.integers(60, 3000))
+    else:
+        length = int(rng.integers(8, 24) if kind == "transposed" else rng.integers(16, 48))
+    return Chain(kind, length, channels, tuple(layers), dims)
 
 
 def _layer(form: str, transposed: bool) -> Callable:
     def xla(x, w, k, s, p):
+        nd = x.ndim - 2
         if not transposed:
-            return lax.conv_general_dilated(x, w, (s,), [(p, p)], precision=HIGHEST)
-        return lax.conv_general_dilated(x, transposed_weight(w, 1), (1,), [(k - 1 - p, k - 1 - p)],
-                                        lhs_dilation=(s,), precision=HIGHEST)
+            return lax.conv_general_dilated(x, w, (s,) * nd, [(p, p)] * nd, precision=HIGHEST)
+        return lax.conv_general_dilated(x, transposed_weight(w, 1), (1,) * nd,
+                                        [(k - 1 - p, k - 1 - p)] * nd, lhs_dilation=(s,) * nd,
+                                        precision=HIGHEST)
 
     def lowered(x, w, k, s, p):
         return conv_nd(x, w, (s,), (p,), (1,), transposed, (0,), 1)
@@ -105,10 +114,10 @@ def _relative(a, b) -> float:
 def check(chain: Chain, forms: tuple[str, ...], rng: np.random.Generator) -> dict:
     """``chain`` on the default device in each form vs the ``xla`` form on the CPU device:
     the worst relative error of the output and of the gradients, per form."""
-    x = rng.standard_normal((2, chain.channels[0], chain.length)).astype(np.float32)
-    ws = [(rng.standard_normal(s) / np.sqrt(s[0 if chain.kind == "transposed" else 1] * s[2]))
+    x = rng.standard_normal((2, chain.channels[0]) + (chain.length,) * chain.dims).astype(np.float32)
+    ws = [(rng.standard_normal(s) / np.sqrt(s[0 if chain.kind == "transposed" else 1] * np.prod(s[2:])))
           .astype(np.float32) for s in chain.weight_shapes()]
-    g = rng.standard_normal((2, chain.channels[-1], chain.out_length())).astype(np.float32)
+    g = rng.standard_normal((2, chain.channels[-1]) + (chain.out_length(),) * chain.dims).astype(np.float32)
     cpu = jax.devices("cpu")[0]
     with jax.default_matmul_precision("highest"):
         (_, want), want_grads = jax.device_get(program(chain, "xla")(*jax.device_put((x, g, *ws), cpu)))
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--chains", type=int, default=30, help="chains per kind")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", type=float, default=1e-3)
+    ap.add_argument("--dims", type=int, choices=(1, 2), default=1, help="spatial dimensions")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     forms = tuple(args.forms.split(","))
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for kind in args.kinds.split(","):
         wrong = dict.fromkeys(forms, 0)
         for i in range(args.chains):
-            chain = random_chain(kind, rng)
+            chain = random_chain(kind, rng, args.dims)
             if chain.out_length() < 1:
                 continue
             row = check(chain, forms, rng)
@@ -147,7 +157,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 wrong[form] += bad
                 marks.append(f"{form} out {row[form]['output']:.0e} grad {row[form]['gradients']:.0e}"
                              + (" WRONG" if bad else ""))
-            print(f"{kind} {i + 1}/{args.chains} L={chain.length} ch={chain.channels} "
+            print(f"{kind} {i + 1}/{args.chains} L={chain.length}{'' if args.dims == 1 else ' (2-d)'} ch={chain.channels} "
                   f"(k,s,p)={chain.layers} | " + " | ".join(marks), flush=True)
         print(f"{kind}: wrong chains " + ", ".join(f"{f} {n}" for f, n in wrong.items()), flush=True)
     if args.json:

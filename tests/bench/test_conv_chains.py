@@ -2,11 +2,15 @@
 sweep is for a chip, where they did not)."""
 from __future__ import annotations
 
+import pytest
+
 from tpu_kernels.bench import conv_chains
 
 
-def test_conv_chains_each_kind_and_form_match_the_cpu(capsys):
-    rows = conv_chains.main(["--chains", "1", "--seed", "3"])
+@pytest.mark.parametrize("dims", [1, 2])
+def test_conv_chains_each_kind_and_form_match_the_cpu(capsys, dims):
+    rows = conv_chains.main(["--chains", "1", "--seed", "3", "--dims", str(dims)])
+    assert {r["chain"]["dims"] for r in rows} == {dims}
     assert [r["chain"]["kind"] for r in rows] == list(conv_chains.KINDS)
     for row in rows:
         for form in conv_chains.FORMS:

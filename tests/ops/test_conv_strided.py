@@ -21,9 +21,9 @@ from tpu_kernels.registry.xla.conv_strided import unit_stride_conv, unit_stride_
 _WINDOW = re.compile(r"stride = \[([\d, ]+)\].*lhs_dilate = \[([\d, ]+)\], rhs_dilate = \[([\d, ]+)\]")
 
 
-def _windows(x_shape, w_shape, stride, padding, transposed=False):
-    """(stride, lhs_dilate, rhs_dilate) of every convolution in the forward-and-backward
-    program of ``conv_nd`` as the registry lowers torch's convolution."""
+def _lowered(x_shape, w_shape, stride, padding, transposed=False) -> str:
+    """The forward-and-backward program of ``conv_nd`` as the registry lowers torch's
+    convolution (float32), as text."""
     nd = len(x_shape) - 2
 
     def step(x, w):
@@ -31,7 +31,12 @@ def _windows(x_shape, w_shape, stride, padding, transposed=False):
                                               (0,) * nd, 1), x, w)
         return y, vjp(jnp.ones_like(y))
     spec = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (x_shape, w_shape)]
-    text = jax.jit(step).lower(*spec).as_text()
+    return jax.jit(step).lower(*spec).as_text()
+
+
+def _windows(x_shape, w_shape, stride, padding, transposed=False):
+    """(stride, lhs_dilate, rhs_dilate) of every convolution in ``_lowered``'s program."""
+    text = _lowered(x_shape, w_shape, stride, padding, transposed)
     found = [m.groups() for m in map(_WINDOW.search, text.splitlines()) if m and "convolution" in m.string]
     assert len(found) == 3, text    # forward, input gradient, weight gradient
     return {tuple(int(v) for v in g.split(",")) for group in found for g in group}
@@ -52,15 +57,8 @@ def test_transposed_1d_convolutions_lower_to_unit_windows():
 
 
 def _barriers(x_shape, w_shape, stride, padding, transposed=False) -> int:
-    """How many optimization barriers the registry's forward-and-backward program holds."""
-    nd = len(x_shape) - 2
-
-    def step(x, w):
-        y, vjp = jax.vjp(lambda x, w: conv_nd(x, w, stride, padding, (1,) * nd, transposed,
-                                              (0,) * nd, 1), x, w)
-        return y, vjp(jnp.ones_like(y))
-    spec = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (x_shape, w_shape)]
-    return jax.jit(step).lower(*spec).as_text().count("optimization_barrier")
+    """How many optimization barriers ``_lowered``'s program holds."""
+    return _lowered(x_shape, w_shape, stride, padding, transposed).count("optimization_barrier")
 
 
 @pytest.mark.parametrize("x_shape, w_shape, stride, padding, transposed", [

@@ -15,7 +15,9 @@ strides 1-5, padded), ``padded`` (stride 1, padding up to kernel-1: a layer whos
 is longer than its input after the first is what XLA:TPU got wrong, ``2026-12-07-s42.md``).
 ``--dims 2``: the same chains in 2-d, square (k x k kernels, the same stride and padding
 along both dimensions, sides of 8-48). Forms: ``xla`` (XLA's own strided/dilated
-convolution), ``lowered`` (the registry's ``conv_nd``, what tpu_kernels runs).
+convolution), ``lowered`` (the registry's ``conv_nd``, what tpu_kernels runs). XLA's form
+of some transposed 2-d chains of stride 4 aborts XLA:TPU's compiler and so the process
+(``aborts_on_tpu``; ``--dims 2`` meets one at its third transposed chain): ``--forms lowered``.
 """
 from __future__ import annotations
 

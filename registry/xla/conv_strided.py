@@ -1,6 +1,8 @@
 """Convolutions XLA:TPU computes wrongly, written as ones it computes right: strided 1-d
 convolutions, and transposed ones, as stride-1 convolutions (below); a convolution whose
-output is longer than its input behind an optimization barrier (``conv``).
+output is longer than its input behind an optimization barrier (``conv``). And transposed
+convolutions of stride 4 or more, on which XLA:TPU's compiler may abort, in the same
+stride-1 form (``aborts_on_tpu``).
 
 Why: XLA:TPU (libtpu 0.0.42, run on a v5e) returns wrong values for programs that chain
 strided 1-d convolutions. HuBERT's feature extractor (kernel 8 stride 4, then kernel 4
@@ -46,6 +48,18 @@ def miscompiled_on_tpu(shape: Sequence[int], stride: Sequence[int], dilation: Se
     compute wrongly in a larger program (see the module): strided (a transposed one: its
     input dilated), undilated, and 1-d (or written as 2-d/3-d, every other spatial size 1)."""
     return max(stride) > 1 and max(dilation) == 1 and sum(n > 1 for n in shape[2:]) <= 1
+
+
+def aborts_on_tpu(stride: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a transposed convolution is one XLA:TPU's compiler may abort on as XLA writes
+    it (the input dilated by the stride): stride 4 or more, undilated. Why: libtpu 0.0.42's
+    space-to-batch pass fails a check and aborts the process (SIGABRT, no Python error) on
+    ``nn.ConvTranspose2d(32, 32, 5, stride=4)`` over 20x20 and 28x28 inputs at batch 1-2
+    (2 of 301 transposed 2-d shapes, strides 2-5, swept with the compile-only v5e compiler,
+    which aborts alike; found on a v5e by ``bench/conv_chains.py --dims 2``). The phase form
+    (``unit_stride_conv_transpose``: no input dilation) compiles for all of them; on the
+    chip it ran stride-4 layers at 0.91-1.10x the dilated form's time, and is right."""
+    return max(stride) >= 4 and max(dilation) == 1
 
 
 def conv(x: jax.Array, w: jax.Array, stride: Sequence[int], pads: Sequence[tuple[int, int]],

@@ -87,6 +87,14 @@ def test_strided_2d_convolutions_stay_strided():
     assert (2, 2) in _windows((2, 3, 16, 16), (4, 3, 3, 3), (2, 2), (1, 1))
 
 
+def test_transposed_convolutions_of_stride_4_lower_to_unit_windows():
+    """XLA's dilated form of ``nn.ConvTranspose2d(32, 32, 5, stride=4)`` on 20x20 aborts
+    XLA:TPU's compiler (``aborts_on_tpu``; ``tests/aot/test_compiler_aborts.py``); stride 2,
+    the common upsampler's, stays XLA's."""
+    assert _windows((2, 32, 20, 20), (32, 32, 5, 5), (4, 4), (0, 0), transposed=True) == {(1, 1)}
+    assert (2, 2) in _windows((2, 8, 9, 9), (8, 4, 4, 4), (2, 2), (1, 1), transposed=True)
+
+
 CASES = [  # (spatial, kernel, stride, padding, groups): kernels longer and shorter than strides
     ((400,), (8,), (4,), (0,), 1), ((99,), (4,), (2,), (1,), 1), ((17,), (1,), (2,), (0,), 1),
     ((23,), (3,), (5,), (2,), 2), ((5,), (5,), (3,), (1,), 1), ((9, 11), (3, 2), (2, 3), (1, 0), 1),
@@ -140,3 +148,29 @@ def test_unit_stride_conv_transpose_matches_the_dilated_one(length, kernel, stri
                                                           groups, precision=prec))(x, w)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding, output_padding", [
+    ((20, 20), (5, 5), (4, 4), (0, 0), (0, 0)), ((6, 7), (8, 3), (4, 5), (2, 1), (1, 3)),
+])
+def test_unit_stride_conv_transpose_2d_matches_the_dilated_one(size, kernel, stride, padding,
+                                                               output_padding):
+    """2-d, forward and gradients, the shapes ``aborts_on_tpu`` sends there."""
+    rng = np.random.default_rng(sum(size))
+    x = rng.standard_normal((2, 4) + size).astype(np.float32)
+    w = rng.standard_normal((4, 3) + kernel).astype(np.float32)
+    prec = lax.Precision.HIGHEST
+    pads = [(k - 1 - p, k - 1 - p + op) for k, p, op in zip(kernel, padding, output_padding)]
+
+    def dilated(x, w):
+        return lax.conv_general_dilated(x, transposed_weight(w, 1), (1, 1), pads,
+                                        lhs_dilation=stride, precision=prec)
+
+    def phases(x, w):
+        return unit_stride_conv_transpose(x, w, stride, padding, output_padding, 1, precision=prec)
+
+    for f in (lambda c: c, lambda c: jax.grad(lambda x, w: (jnp.tanh(c(x, w)) ** 2).sum(), (0, 1))):
+        want, got = jax.jit(f(dilated))(x, w), jax.jit(f(phases))(x, w)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))

@@ -3,6 +3,8 @@ is ``loss.backward()`` (compile_joint.py): gradients as without it, in every way
 backward can differ from the one computed at the forward."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -207,3 +209,31 @@ def test_switched_off_and_on_between_calls(monkeypatch):
         fn(x, y).backward()
         _assert_grads(m, _reference())
         assert (fwd.calls, fwd.joint.calls) == calls
+
+
+def test_a_growing_convolution_in_the_joint_program_reads_its_input_through_a_barrier(monkeypatch):
+    """XLA:TPU computes such a convolution's weight gradient wrongly when its input is made
+    in the same program (``registry/xla/conv_strided.py``): on a v5e, this model's compiled
+    steps were 0.8-0.9 off from the third step on (the joint program's first) without the
+    barrier (``bench/results/tpu_v5e/2026-12-07-s43.md``). The joint program traces it."""
+    from jax import lax
+    barriers = []
+    real = lax.optimization_barrier
+    monkeypatch.setattr(lax, "optimization_barrier", lambda x: barriers.append(1) or real(x))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.Tanh(),
+                            torch.nn.ConvTranspose2d(4, 2, 4, stride=2, padding=1)).to("tpu")
+    fn = torch.compile(lambda x: (m(x) ** 2).mean(), backend="tpu")
+    x = torch.randn(2, 2, 5, 5)
+    for _ in range(compile_joint.WARMUP):
+        m.zero_grad()
+        fn(x.to("tpu")).backward()
+    barriers.clear()
+    m.zero_grad()
+    fn(x.to("tpu")).backward()
+    assert _forward(fn).joint.calls == 1 and barriers, "the joint program holds no barrier"
+    ref = copy.deepcopy(m).cpu()
+    ref.zero_grad()
+    (ref(x) ** 2).mean().backward()
+    for got, want in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, atol=1e-5, rtol=1e-5)

@@ -33,7 +33,7 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     kw = dict(precision=matmul_precision(),
               preferred_element_type=acc if acc != x.dtype else None)
     if not transposed:
-        if miscompiled_on_tpu(x.shape, stride, dilation):
+        if miscompiled_on_tpu(x.shape, stride, dilation) or aborts_on_tpu(stride, dilation):
             return unit_stride_conv(x, w, stride, padding, groups, **kw)
         return conv(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
                     feature_group_count=groups, **kw)

@@ -87,11 +87,12 @@ def test_strided_2d_convolutions_stay_strided():
     assert (2, 2) in _windows((2, 3, 16, 16), (4, 3, 3, 3), (2, 2), (1, 1))
 
 
-def test_transposed_convolutions_of_stride_4_lower_to_unit_windows():
-    """XLA's dilated form of ``nn.ConvTranspose2d(32, 32, 5, stride=4)`` on 20x20 aborts
-    XLA:TPU's compiler (``aborts_on_tpu``; ``tests/aot/test_compiler_aborts.py``); stride 2,
-    the common upsampler's, stays XLA's."""
+def test_convolutions_of_stride_4_lower_to_unit_windows():
+    """XLA's dilated form of ``nn.ConvTranspose2d(32, 32, 5, stride=4)`` on 20x20, and of
+    ``nn.Conv2d(32, 32, 5, stride=4)``'s input gradient on 81x81, abort XLA:TPU's compiler
+    (``aborts_on_tpu``; ``tests/aot/test_compiler_aborts.py``); stride 2 stays XLA's."""
     assert _windows((2, 32, 20, 20), (32, 32, 5, 5), (4, 4), (0, 0), transposed=True) == {(1, 1)}
+    assert _windows((2, 32, 81, 81), (32, 32, 5, 5), (4, 4), (0, 0)) == {(1, 1)}
     assert (2, 2) in _windows((2, 8, 9, 9), (8, 4, 4, 4), (2, 2), (1, 1), transposed=True)
 
 

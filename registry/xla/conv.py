@@ -11,8 +11,8 @@ from tpu_kernels.registry.context import out_dtype
 from tpu_kernels.registry.decorator import xla
 from tpu_kernels.registry.dtypes import scalar_type_name
 from tpu_kernels.registry.xla._util import float_compute, matmul_precision
-from tpu_kernels.registry.xla.conv_strided import (aborts_on_tpu, conv, miscompiled_on_tpu,
-                                                   unit_stride_conv, unit_stride_conv_transpose)
+from tpu_kernels.registry.xla.conv_strided import (conv, unit_stride_conv, unit_stride_conv_transpose,
+                                                   unit_stride_on_tpu)
 
 
 def transposed_weight(w: jax.Array, groups: int) -> jax.Array:
@@ -33,12 +33,12 @@ def conv_nd(x: jax.Array, w: jax.Array, stride: Sequence[int], padding: Sequence
     kw = dict(precision=matmul_precision(),
               preferred_element_type=acc if acc != x.dtype else None)
     if not transposed:
-        if miscompiled_on_tpu(x.shape, stride, dilation) or aborts_on_tpu(stride, dilation):
+        if unit_stride_on_tpu(x.shape, stride, dilation):
             return unit_stride_conv(x, w, stride, padding, groups, **kw)
         return conv(x, w, stride, [(p, p) for p in padding], rhs_dilation=dilation,
                     feature_group_count=groups, **kw)
     output_padding = _expand(output_padding, nd)
-    if miscompiled_on_tpu(x.shape, stride, dilation) or aborts_on_tpu(stride, dilation):
+    if unit_stride_on_tpu(x.shape, stride, dilation):
         return unit_stride_conv_transpose(x, w, stride, padding, output_padding, groups, **kw)
     k = w.shape[2:]
     # a transposed conv is the input-gradient of a conv: dilate the input by the stride

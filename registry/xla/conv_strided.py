@@ -68,6 +68,12 @@ def aborts_on_tpu(stride: Sequence[int], dilation: Sequence[int]) -> bool:
     return max(stride) >= 4 and max(dilation) == 1
 
 
+def unit_stride_on_tpu(shape: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> bool:
+    """Whether a convolution (plain or transposed) of an input of ``shape`` is written in its
+    stride-1 form: XLA:TPU computes it wrongly, or may abort on it, as XLA writes it."""
+    return miscompiled_on_tpu(shape, stride, dilation) or aborts_on_tpu(stride, dilation)
+
+
 def conv(x: jax.Array, w: jax.Array, stride: Sequence[int], pads: Sequence[tuple[int, int]],
          lhs_dilation: Sequence[int] | None = None, rhs_dilation: Sequence[int] | None = None,
          **conv_kw: Any) -> jax.Array:

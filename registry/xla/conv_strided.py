@@ -14,13 +14,13 @@ of transposed 1-d convolutions (vocoders' upsamplers: Encodec, DAC, SpeechT5's H
 were worse: 16 of 23 wrong, 3 of 23 rewritten (those 3 begin with a stride-1 layer, a
 growing one: ``conv``'s barrier mends them; 0 of 14 transposed chains wrong with both). The
 same chains written as 2-d convolutions of height 1 were as wrong. Strided 2-d and 3-d
-convolutions are left to XLA: no wrong result was seen there (random 2-d chains, ResNet's
-compiled training step on the chip), and libtpu's estimate puts this rewrite at 3-4x the
-time of ResNet's strided 3x3 and 7x7 convolutions (1-d ones: 0.6x for wav2vec2's first,
-kernel 10 stride 5, 2.1x for its kernel 3 stride 2 ones, v5e, forward and backward).
-From stride 4 on they take the rewrite (``aborts_on_tpu``), which the chip ran faster,
-forward and both gradients, batch 8 at 224x224: ConvNeXt's stem (k4 s4) 0.70x, AlexNet's
-first (k11 s4) 0.58x, ViT's patch embedding (k16 s16) 2.1 ms against XLA's 529 ms.
+convolutions of stride 2-3 are left to XLA: no wrong result was seen there (random 2-d chains,
+ResNet's compiled training step on the chip), and on the chip (v5e) this rewrite was a wash
+layer by layer (ResNet's stride-2 layers, forward and both gradients, 0.94-1.04x) but made
+ResNet-18's compiled training step 1.13x slower (the reshapes between layers); 1-d ones
+take it for correctness. From stride 4 on they take the rewrite (``aborts_on_tpu``), which
+the chip ran faster, forward and both gradients, batch 8 at 224x224: ConvNeXt's stem (k4
+s4) 0.70x, AlexNet's first (k11 s4) 0.58x, ViT's patch embedding (k16 s16) 2.1 ms against XLA's 529 ms.
 
 The rewrite: the input, padded, is cut into blocks of ``stride`` along each spatial
 dimension and each block's positions become channels, and the kernel is split the same way:

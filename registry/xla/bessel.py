@@ -234,12 +234,18 @@ def _k(x, a_coefs, b_coefs, small_fn, scaled: bool):
     return jnp.where(x < 0, jnp.nan, jnp.where(x == 0, jnp.inf, r))
 
 
+def _half_log(x):
+    """log(x / 2), written so that x / 2 is never formed: below twice the smallest normal
+    float it would be subnormal, which XLA flushes to zero (log -> -inf, K0 -> inf)."""
+    return jnp.log(x) - math.log(2.0)
+
+
 def _k0_small(x, cheb):
-    return cheb - jnp.log(0.5 * x) * _i0(x)
+    return cheb - _half_log(x) * _i0(x)
 
 
 def _k1_small(x, cheb):
-    return jnp.log(0.5 * x) * _i1(x) + cheb / x
+    return _half_log(x) * _i1(x) + cheb / x
 
 
 def airy_ai(x):

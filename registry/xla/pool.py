@@ -57,6 +57,12 @@ def _flat_table(tables, sizes):
 
 
 # -- max pooling ---------------------------------------------------------------------------------
+def _rows(a: jax.Array, lead: int) -> jax.Array:
+    """``a`` with its dims after the first ``lead`` flattened into one (``reshape(..., -1)``,
+    which cannot infer the size when a leading dim is 0: an empty batch)."""
+    return a.reshape(a.shape[:lead] + (math.prod(a.shape[lead:]),))
+
+
 def _lowest(dtype):
     return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
 
@@ -66,12 +72,12 @@ def _window_max(x: jax.Array, nd: int, flat, valid) -> tuple[jax.Array, jax.Arra
     (*lead, *out, K)); returns values and the int64 flat index of the first maximum
     (NaN counts as the maximum, as in torch)."""
     lead = x.shape[:-nd]
-    planes = x.reshape(lead + (-1,))
+    planes = _rows(x, len(lead))
     outs = flat.shape[-1 - nd:-1]
     if isinstance(flat, np.ndarray):
         vals = planes[..., flat.reshape(-1)].reshape(lead + flat.shape)
     else:
-        vals = jnp.take_along_axis(planes, flat.reshape(lead + (-1,)), axis=-1).reshape(flat.shape)
+        vals = jnp.take_along_axis(planes, _rows(flat, len(lead)), axis=-1).reshape(flat.shape)
     vals = jnp.where(valid, vals, _lowest(x.dtype))
     m = vals.max(-1, keepdims=True)  # NaN propagates
     hit = valid & ((vals == m) | (jnp.isnan(vals) & jnp.isnan(m)))
@@ -166,8 +172,8 @@ def _scatter_to_planes(grad_output, self, indices, nd: int):
     """Add each output gradient into its input position (the flat plane index)."""
     acc = float_compute(grad_output.dtype)
     b = math.prod(self.shape[:-nd])
-    g = grad_output.astype(acc).reshape(b, -1)
-    idx = indices.reshape(b, -1)
+    g = _rows(grad_output.astype(acc).reshape((b,) + grad_output.shape[-nd:]), 1)
+    idx = _rows(indices.reshape((b,) + indices.shape[-nd:]), 1)
     out = jnp.zeros((b, math.prod(self.shape[-nd:])), acc)
     out = out.at[jnp.arange(b)[:, None], idx].add(g, mode="drop")
     return out.reshape(self.shape).astype(out_dtype())
@@ -234,7 +240,7 @@ def _fractional(nd):
             shape[len(lead) + d], shape[len(lead) + nd + d] = output_size[d], kernel_size[d]
             flat = flat + idx.reshape(shape) * stride
         flat = jnp.broadcast_to(flat, lead + tuple(output_size) + tuple(kernel_size))
-        flat = flat.reshape(lead + tuple(output_size) + (-1,))
+        flat = flat.reshape(lead + tuple(output_size) + (math.prod(kernel_size),))
         return _window_max(self, nd, flat, jnp.ones((), bool))
     return lower
 
@@ -262,7 +268,8 @@ def _unpool(self, indices, output_size):
     check((indices >= 0) & (indices < size), "Found an invalid max index (output volumes are of size "
           + "x".join(str(n) for n in output_size) + ")", RuntimeError)
     out = jnp.zeros((b, size), self.dtype)
-    out = out.at[jnp.arange(b)[:, None], indices.reshape(b, -1)].set(self.reshape(b, -1), mode="drop")
+    out = out.at[jnp.arange(b)[:, None], _rows(indices.reshape((b,) + indices.shape[-nd:]), 1)].set(
+        _rows(self.reshape((b,) + self.shape[-nd:]), 1), mode="drop")
     return out.reshape(lead + tuple(output_size))
 
 

@@ -43,6 +43,15 @@ def test_pool_zero_batch():
     check(lambda x: F.max_pool2d(x, 2, return_indices=True), x)
     check(lambda x: F.avg_pool2d(x, 2), x)
     check(lambda x: F.adaptive_avg_pool2d(x, (2, 3)), x)
+    # the max-pool lowerings that gather from flattened planes (reshape(..., -1) cannot
+    # infer a size next to a 0): adaptive, fractional, unpooling
+    check(lambda x: F.adaptive_max_pool2d(x, (2, 3), return_indices=True), x)
+    check(lambda x, s: F.fractional_max_pool2d(x, 2, output_size=2, return_indices=True, _random_samples=s),
+          x, torch.rand(0, 3, 2))
+    check(lambda x, s: F.fractional_max_pool3d(x, 2, output_size=2, return_indices=True, _random_samples=s),
+          _r(0, 1, 4, 5, 4), torch.rand(0, 1, 3))
+    y, idx = F.max_pool2d(x, 2, return_indices=True)
+    check(lambda y, i: F.max_unpool2d(y, i, 2), y, idx)
 
 
 def test_max_pool3d():

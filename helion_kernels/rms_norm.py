@@ -7,7 +7,8 @@ Public (JAX arrays in/out):
     supports(x_shape, x_dtype, weight_shape=None, weight_dtype=None) -> None | reason
 
 ``rstd`` is float32 with shape ``x.shape[:-k] + (1,)*k`` like ``aten._fused_rms_norm``;
-``eps=None`` means ``finfo(x.dtype).eps`` as in torch. All math is in float32.
+``eps=None`` means torch's default, the epsilon of the type it computes in (float32 for
+bfloat16/float16 inputs, float64 for float64). All math is in float32.
 """
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ def _rms_bwd_dw_kernel(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor):
     return part
 
 
+def default_eps(dtype) -> float:
+    """torch's eps when none is given: the epsilon of its compute type, not the input's
+    (bfloat16's 0.0078 would swamp a small activation's mean square: rows of values ~0.01
+    came out ~9x too small)."""
+    return float(jnp.finfo(jnp.promote_types(dtype, jnp.float32)).eps)
+
+
 # ------------------------------------------------------------------ configs
 
 def _row_cfg(rows: int, n: int) -> dict:
@@ -104,9 +112,9 @@ def _prep(x, weight, normalized_ndim):
 
 def rms_norm_fwd(x, weight=None, eps=None, normalized_ndim=None):
     """-> (out [x.shape, x.dtype], rstd [lead + (1,)*k, float32])."""
-    x = compute_dtype(jnp.asarray(x))
-    if eps is None:
-        eps = float(jnp.finfo(x.dtype).eps)
+    x = jnp.asarray(x)
+    eps = default_eps(x.dtype) if eps is None else eps
+    x = compute_dtype(x)
     x2, w2, lead, k, rows, n = _prep(x, weight, normalized_ndim)
     out, rstd = launch(_rms_fwd_kernel, _row_cfg(rows, n), x2, w2, float(eps),
                        estimate=cost(4 * x2.size, 2 * nbytes(x2), rows))
@@ -149,9 +157,9 @@ _rms_norm.defvjp(_rms_norm_f, _rms_norm_b)
 
 def rms_norm(x, weight=None, eps=None):
     """torch.nn.functional.rms_norm(x, weight.shape, weight, eps); differentiable."""
-    x = compute_dtype(jnp.asarray(x))
-    if eps is None:
-        eps = float(jnp.finfo(x.dtype).eps)
+    x = jnp.asarray(x)
+    eps = default_eps(x.dtype) if eps is None else eps
+    x = compute_dtype(x)
     if weight is None:
         w = jnp.ones(x.shape[-1:], x.dtype)
         return _rms_norm(x, w, float(eps))

@@ -58,10 +58,21 @@ def test_rms_norm_fwd_rstd_matches_fused_op():
 
 def test_rms_norm_default_eps_and_f64_input():
     x = _rand(6, (7, 129), jnp.float32).astype(jnp.float64)
-    out = K.rms_norm(x, None)   # eps=None -> finfo(float32).eps after the downcast
+    out = K.rms_norm(x, None)   # eps=None -> float64's eps, as torch (computed in float32)
     assert out.dtype == jnp.float32
     ref = torch.nn.functional.rms_norm(_t(x), [129], None, None)
     _close(out, ref, jnp.float32)
+
+
+def test_rms_norm_default_eps_is_the_compute_types_for_bfloat16():
+    # torch's eps=None is float32's epsilon for a bfloat16 input (its compute type);
+    # bfloat16's own (0.0078) swamped the mean square of small activations (~9x too small)
+    x = (_rand(7, (4, 128), jnp.float32) * 0.01).astype(jnp.bfloat16)
+    out, rstd = K.rms_norm_fwd(x, None)
+    ref_out, ref_rstd = torch.ops.aten._fused_rms_norm(_t(x).to(torch.bfloat16), [128], None, None)
+    _close(out, ref_out, jnp.bfloat16)
+    _close(rstd, ref_rstd, jnp.float32)
+    _close(K.rms_norm(x, None), torch.nn.functional.rms_norm(_t(x).to(torch.bfloat16), [128]), jnp.bfloat16)
 
 
 def test_supports():

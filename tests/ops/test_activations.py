@@ -126,3 +126,28 @@ def test_rrelu():
     torch.testing.assert_close(actual.cpu(), expected)
     a = aten.rrelu_with_noise(tx, tn, 0.1, 0.3, True).cpu()
     assert not torch.equal(a, out)  # fresh randomness per call
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn", [F.silu, F.mish], ids=["silu", "mish"])
+def test_half_type_gradients_round_once(fn, dtype):
+    # autograd calls silu_backward / mish_backward, which torch decomposes for devices
+    # other than CPU/CUDA into ops that each round to the half type (silu's gradient at
+    # 8.5 came out as the incoming gradient); tpu runs them whole, float32 inside, as CPU
+    x = torch.cat([rand(256, scale=10.0), torch.tensor([8.4765625, 5.0, -6.0, 12.0])]).to(dtype)
+    g = rand(260, scale=3.0).to(dtype)
+    xc = x.clone().requires_grad_()
+    want, = torch.autograd.grad(fn(xc), xc, g)
+    xt = x.to("tpu").requires_grad_()
+    got, = torch.autograd.grad(fn(xt), xt, g.to("tpu"))
+    ulp = torch.finfo(dtype).eps * want.float().abs().clamp_min(1.0)
+    assert ((got.cpu().float() - want.float()).abs() <= ulp).all()
+
+
+def test_activation_backward_ops_on_tensors_that_require_grad():
+    # a call with a gradient to record takes torch's decomposition (the values are the same)
+    g, x = rand(4, 6), rand(4, 6)
+    for op in (aten.silu_backward, aten.mish_backward):
+        got = op(g.to("tpu"), x.to("tpu").requires_grad_())
+        assert got.requires_grad
+        torch.testing.assert_close(got.detach().cpu(), op(g, x))

@@ -31,6 +31,13 @@ dispatch: torch.library's autograd layer is Python and would only pass it on.
 decomposition (``arange == x``) checks no class value: a label past ``num_classes`` or
 below 0 gave a row of zeros, silently (CUDA fails a device-side assert). Caught whole, it
 runs the registry's lowering, whose device-side checks raise CPU's errors at the next sync.
+
+``silu_backward`` and ``mish_backward`` (what autograd calls for ``F.silu``/``F.mish``) have
+CPU and CUDA kernels and a CompositeImplicitAutograd one for other devices: eight or eleven
+ops, each result rounded to a half type's precision. In float16 and bfloat16 that lost up to
+a few ulps against CPU's kernel (float32 inside, rounded once): silu's gradient at x = 8.5
+came out as the incoming gradient itself (sigmoid rounded to 1). Caught whole, a call with no
+gradient to record runs the registry's lowering (float32 inside, as CPU's).
 """
 from __future__ import annotations
 
@@ -169,3 +176,10 @@ def one_hot(op, args, kwargs):
     if n < 0 or type(x) is not TpuTensor or torch.compiler.is_compiling():
         return aten.one_hot.default.decompose(*args, **kwargs)
     return run_call(op, args, kwargs)
+
+
+@runtime_handler("aten::silu_backward", "aten::mish_backward", catch_at="AutogradPrivateUse1")
+def activation_backward(op, args, kwargs):
+    if _no_autograd(*args, *kwargs.values()) and not torch.compiler.is_compiling():
+        return run_call(op, args, kwargs)
+    return op.decompose(*args, **kwargs)

@@ -40,11 +40,11 @@ def _scale_value(scale, n_in: int, n_out: int, ft) -> np.floating:
     return ft(n_in) / ft(n_out)
 
 
-def _nearest_taps(n_in, n_out, scale, ft, exact: bool):
+def _nearest_taps(n_in, n_out, scale, ft, exact: bool, shortcuts: bool):
+    """``shortcuts``: exactly twice the size halves the indices, whatever the scale (see
+    ``_copies_same_size``)."""
     o = np.arange(n_out)
-    if not exact and n_out == n_in:
-        idx = o
-    elif not exact and n_out == 2 * n_in:
+    if shortcuts and not exact and n_out == 2 * n_in:
         idx = o >> 1
     else:
         s = _scale_value(scale, n_in, n_out, ft)
@@ -106,41 +106,72 @@ def _aa_taps(n_in, n_out, align_corners, scale, ft, kind: str):
     j = np.arange(k)
     x = (j[None, :] + xmin[:, None]).astype(ft) - center[:, None] + ft(0.5)
     w = _aa_filter(kind)(x * invscale)
-    w = np.where(j[None, :] < xsize[:, None], w, 0).astype(ft)
+    inside = j[None, :] < xsize[:, None]
+    w = np.where(inside, w, 0).astype(ft)
     total = w.sum(1, keepdims=True)
     w = np.where(total != 0, w / np.where(total != 0, total, 1), w).astype(ft)
-    return np.minimum(xmin[:, None] + j[None, :], n_in - 1), w
+    # the taps past an output's window (``inside`` False) read a clipped position with weight 0:
+    # they are left out of the sum, not added as 0 * x (an inf or nan there made every output
+    # that pads onto it nan, where torch's kernel loops over the window only)
+    return np.minimum(xmin[:, None] + j[None, :], n_in - 1), w, inside
 
 
-def _taps(mode: str, n_in: int, n_out: int, align_corners: bool, scale, ft):
-    if mode in ("nearest", "nearest-exact"):
-        return _nearest_taps(n_in, n_out, scale, ft, mode == "nearest-exact")
-    if mode == "linear":
-        return _linear_taps(n_in, n_out, align_corners, scale, ft)
+def _copies_same_size(mode: str, nd: int, backward: bool) -> str | None:
+    """Where torch's CPU kernel leaves a dim whose size holds as it is, whatever scale it was
+    given: "dim" (each such dim; nearest also halves the indices for exactly twice the
+    size), "all" (only when every dim holds) or None (never). Measured per kernel: each
+    differs, and so does its backward (5 -> 5 at scale 1.1: the linear kernels copy both
+    ways, nearest 1-d/3-d forward reads sources 0, 0, 1, 2, 3 but its backward copies, the
+    antialiased ones the other way round)."""
+    if mode == "nearest":
+        return "dim" if nd == 2 or backward else None
     if mode == "cubic":
-        return _cubic_taps(n_in, n_out, align_corners, scale, ft)
+        return "all" if backward else None
+    if mode.startswith("aa"):
+        return None if backward else "dim"
+    return "dim" if mode == "linear" else None
+
+
+def _taps(mode: str, n_in: int, n_out: int, align_corners: bool, scale, ft, shortcuts: bool):
+    """(indices, weights, which taps count: None for all) of each output along one dim."""
+    if mode in ("nearest", "nearest-exact"):
+        return *_nearest_taps(n_in, n_out, scale, ft, mode == "nearest-exact", shortcuts), None
+    if mode == "linear":
+        return *_linear_taps(n_in, n_out, align_corners, scale, ft), None
+    if mode == "cubic":
+        return *_cubic_taps(n_in, n_out, align_corners, scale, ft), None
     return _aa_taps(n_in, n_out, align_corners, scale, ft, mode.split("-")[1])
 
 
-def resample(x: jax.Array, out_sizes, mode: str, align_corners: bool = False, scales=None) -> jax.Array:
-    """Upsample the trailing ``len(out_sizes)`` dims of ``x`` (torch's upsample_* kernels)."""
+def resample(x: jax.Array, out_sizes, mode: str, align_corners: bool = False, scales=None,
+             backward: bool = False) -> jax.Array:
+    """Upsample the trailing ``len(out_sizes)`` dims of ``x`` (torch's upsample_* kernels;
+    ``backward``: as its backward kernel reads the geometry, whose gradient this is)."""
     nd = len(out_sizes)
     scales = tuple(scales) if scales is not None else (None,) * nd
     floating = jnp.issubdtype(x.dtype, jnp.floating)
     ft = np.dtype(float_compute(x.dtype)).type if floating else np.float32
     y = x if mode.startswith("nearest") else x.astype(float_compute(x.dtype))
+    rule = _copies_same_size(mode, nd, backward)
     for d in reversed(range(nd)):
         axis = x.ndim - nd + d
-        idx, w = _taps(mode, x.shape[axis], out_sizes[d], align_corners, scales[d], ft)
+        copies = rule == "dim" or (rule == "all" and tuple(x.shape[-nd:]) == tuple(out_sizes))
+        if copies and x.shape[axis] == out_sizes[d]:
+            continue
+        idx, w, inside = _taps(mode, x.shape[axis], out_sizes[d], align_corners, scales[d], ft, copies)
         g = jnp.take(y, jnp.asarray(idx.reshape(-1)), axis=axis)
         g = g.reshape(y.shape[:axis] + idx.shape + y.shape[axis + 1:])   # (..., out, taps, ...)
         if w is None:
             y = jnp.take(g, 0, axis=axis + 1)
             continue
-        w = jnp.asarray(w.reshape(w.shape + (1,) * (y.ndim - axis - 1)))
-        y = jnp.take(g, 0, axis=axis + 1) * w[:, 0]
-        for k in range(1, w.shape[1]):  # accumulate in tap order, as torch's kernels do
-            y = y + jnp.take(g, k, axis=axis + 1) * w[:, k]
+        trailing = (1,) * (y.ndim - axis - 1)
+        w = jnp.asarray(w.reshape(w.shape + trailing))
+        y = 0
+        for k in range(w.shape[1]):  # accumulate in tap order, as torch's kernels do
+            term = jnp.take(g, k, axis=axis + 1) * w[:, k]
+            if inside is not None and not inside[:, k].all():
+                term = jnp.where(jnp.asarray(inside[:, k].reshape((-1,) + trailing)), term, 0)
+            y = term if k == 0 else y + term
     return y
 
 
@@ -186,7 +217,7 @@ def _backward(op, mode: str, nd: int):
         acc = float_compute(grad_output.dtype)
 
         def f(x):
-            return resample(x, tuple(output_size), mode, a.get("align_corners", False), scales)
+            return resample(x, tuple(output_size), mode, a.get("align_corners", False), scales, backward=True)
         _, vjp = jax.vjp(f, jnp.zeros(tuple(input_size), acc))
         return vjp(grad_output.astype(acc))[0].astype(out_dtype())
     return lower

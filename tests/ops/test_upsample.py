@@ -65,6 +65,32 @@ def test_upsample_nearest1d_empty_batch(mode):
     check(lambda x: F.interpolate(x, size=3, mode=mode), _r(0, 2, 4))
 
 
+# A scale whose size comes out unchanged along a dim (5 at 1.1 -> 5), or exactly doubled at
+# a scale other than 2: torch's CPU kernels each treat such a dim their own way, forward and
+# backward apart (registry/xla/upsample.py, _copies_same_size); 44 of 396 such calls
+# differed from CPU before that table, forward or gradient
+@pytest.mark.parametrize("op,scales,ac", [
+    ("upsample_linear1d", [1.1], False), ("upsample_bilinear2d", [2.0, 1.1], False),
+    ("upsample_trilinear3d", [1.2, 2.0, 1.1], False), ("upsample_bicubic2d", [1.1, 1.1], False),
+    ("upsample_bicubic2d", [2.1, 1.1], False), ("_upsample_bilinear2d_aa", [2.0, 1.1], False),
+    ("_upsample_bicubic2d_aa", [1.1, 0.5], False), ("upsample_nearest1d", [2.1], None),
+    ("upsample_nearest2d", [2.1, 1.1], None), ("upsample_nearest3d", [1.2, 2.0, 1.1], None)])
+def test_upsample_scales_that_keep_a_size(op, scales, ac):
+    x = _r(*(1, 2, 5, 4, 6)[:2 + len(scales)], grad=True)
+    args = (None, list(scales)) if ac is None else (None, ac, list(scales))
+    check(lambda t: getattr(aten, op).vec(t, *args), x, grad=True)
+
+
+def test_upsample_antialias_keeps_nan_and_inf_in_their_windows():
+    # taps past an output's window read a clipped position with weight 0: adding 0 * inf made
+    # every output padding onto it nan (bilinear 8x8 -> 3x3: 9 nan; CPU: 4 nan, 3 inf)
+    x = _r(1, 1, 8, 8)
+    x[0, 0, 1, 1], x[0, 0, 6, 5] = float("inf"), float("nan")
+    for mode in ("bilinear", "bicubic"):
+        for size in ((3, 3), (5, 6), (12, 12)):
+            check(lambda t: F.interpolate(t, size=size, mode=mode, antialias=True), x)
+
+
 def test_upsample_backward_ops_direct():
     g = _r(2, 3, 8, 10)
     check(lambda g: aten.upsample_bilinear2d_backward(g, [8, 10], [2, 3, 4, 5], True, None, None), g)

@@ -20,7 +20,8 @@ layer by layer (ResNet's stride-2 layers, forward and both gradients, 0.94-1.04x
 ResNet-18's compiled training step 1.13x slower (the reshapes between layers); 1-d ones
 take it for correctness. From stride 4 on they take the rewrite (``aborts_on_tpu``), which
 the chip ran faster, forward and both gradients, batch 8 at 224x224: ConvNeXt's stem (k4
-s4) 0.70x, AlexNet's first (k11 s4) 0.58x, ViT's patch embedding (k16 s16) 2.1 ms against XLA's 529 ms.
+s4) 0.70x, AlexNet's first (k11 s4) 0.58x, ViT's patch embedding (k16 s16) 2.1 ms against
+XLA's 529 ms.
 
 The rewrite: the input, padded, is cut into blocks of ``stride`` along each spatial
 dimension and each block's positions become channels, and the kernel is split the same way:

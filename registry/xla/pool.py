@@ -172,8 +172,9 @@ def _scatter_to_planes(grad_output, self, indices, nd: int):
     """Add each output gradient into its input position (the flat plane index)."""
     acc = float_compute(grad_output.dtype)
     b = math.prod(self.shape[:-nd])
-    g = _rows(grad_output.astype(acc).reshape((b,) + grad_output.shape[-nd:]), 1)
-    idx = _rows(indices.reshape((b,) + indices.shape[-nd:]), 1)
+    # (b, outputs per plane), sizes explicit: -1 cannot be inferred beside b = 0
+    g = grad_output.astype(acc).reshape(b, math.prod(grad_output.shape[-nd:]))
+    idx = indices.reshape(g.shape)
     out = jnp.zeros((b, math.prod(self.shape[-nd:])), acc)
     out = out.at[jnp.arange(b)[:, None], idx].add(g, mode="drop")
     return out.reshape(self.shape).astype(out_dtype())
@@ -268,8 +269,8 @@ def _unpool(self, indices, output_size):
     check((indices >= 0) & (indices < size), "Found an invalid max index (output volumes are of size "
           + "x".join(str(n) for n in output_size) + ")", RuntimeError)
     out = jnp.zeros((b, size), self.dtype)
-    out = out.at[jnp.arange(b)[:, None], _rows(indices.reshape((b,) + indices.shape[-nd:]), 1)].set(
-        _rows(self.reshape((b,) + self.shape[-nd:]), 1), mode="drop")
+    planes = self.reshape(b, math.prod(self.shape[-nd:]))    # (not -1: b may be 0)
+    out = out.at[jnp.arange(b)[:, None], indices.reshape(planes.shape)].set(planes, mode="drop")
     return out.reshape(lead + tuple(output_size))
 
 

@@ -153,9 +153,9 @@ def resample(x: jax.Array, out_sizes, mode: str, align_corners: bool = False, sc
     ft = np.dtype(float_compute(x.dtype)).type if floating else np.float32
     y = x if mode.startswith("nearest") else x.astype(float_compute(x.dtype))
     rule = _copies_same_size(mode, nd, backward)
+    copies = rule == "dim" or (rule == "all" and tuple(x.shape[-nd:]) == tuple(out_sizes))
     for d in reversed(range(nd)):
         axis = x.ndim - nd + d
-        copies = rule == "dim" or (rule == "all" and tuple(x.shape[-nd:]) == tuple(out_sizes))
         if copies and x.shape[axis] == out_sizes[d]:
             continue
         idx, w, inside = _taps(mode, x.shape[axis], out_sizes[d], align_corners, scales[d], ft, copies)
@@ -166,7 +166,6 @@ def resample(x: jax.Array, out_sizes, mode: str, align_corners: bool = False, sc
             continue
         trailing = (1,) * (y.ndim - axis - 1)
         w = jnp.asarray(w.reshape(w.shape + trailing))
-        y = 0
         for k in range(w.shape[1]):  # accumulate in tap order, as torch's kernels do
             term = jnp.take(g, k, axis=axis + 1) * w[:, k]
             if inside is not None and not inside[:, k].all():

@@ -504,11 +504,25 @@ def test_compiled_under_inference_mode():
         close(cf(tpu, x.to("tpu"), mask.to("tpu")), f(cpu, x, mask))
 
 
-def test_a_whole_training_step_compiled():
+@pytest.mark.parametrize("compiled_autograd", [False, True])
+def test_a_whole_training_step_compiled(compiled_autograd, caplog):
     """``torch.compile(step)`` where the step runs the forward, ``loss.backward()``,
     ``clip_grad_norm_`` and ``opt.step()``: Dynamo breaks the graph at the backward, and
     the compiled graph's backward that the autograd engine then calls runs as it is
-    (Dynamo must not compile its frame). Three steps match CPU."""
+    (Dynamo must not compile its frame). Three steps match CPU. With
+    ``torch._dynamo.config.compiled_autograd`` on (torch's way to capture the backward
+    too), which cannot capture tpu tensors, the step runs as without it, said once in the
+    log (it raised an error from inside Dynamo's tracing of the tpu tensor class)."""
+    from tpu_kernels.device import _say_compiled_autograd_ignored
+    _say_compiled_autograd_ignored.cache_clear()
+    with torch._dynamo.config.patch(compiled_autograd=compiled_autograd), \
+            caplog.at_level("WARNING", logger="tpu_kernels.device"):
+        _train_whole_step_compiled()
+    said = [r for r in caplog.records if "compiled autograd cannot capture" in r.getMessage()]
+    assert len(said) == int(compiled_autograd)
+
+
+def _train_whole_step_compiled() -> None:
     cpu, tpu = pair(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)))
 
     def step(m, opt, x, y):

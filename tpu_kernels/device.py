@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
+import sys
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -146,6 +148,8 @@ def _backward_on_the_calling_thread() -> None:
             args = (_root_gradients(outputs, args[0]), *args[1:])
         if BACKWARD_STARTS:
             _backward_starts()
+        if _compiled_autograd_on():
+            return _without_compiled_autograd(run_backward, outputs, *args, **kwargs)
         if not torch._C._is_multithreading_enabled():
             return run_backward(outputs, *args, **kwargs)
         with torch.autograd.set_multithreading_enabled(False):
@@ -153,6 +157,38 @@ def _backward_on_the_calling_thread() -> None:
 
     torch.autograd.graph._engine_run_backward = wrapper
     torch.autograd._engine_run_backward = wrapper
+
+
+
+def _compiled_autograd_on() -> bool:
+    """Whether a backward would be captured by compiled autograd
+    (``torch._dynamo.config.compiled_autograd`` inside a compiled function)."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and ca.compiled_autograd_enabled
+
+
+@untraced
+def _without_compiled_autograd(run_backward: Callable, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    """A backward run by the engine itself where compiled autograd would capture it.
+
+    Compiled autograd traces the engine's graph with fake copies of every tensor it
+    meets, and cannot make them of tpu tensors (torch 2.13 stops inside its C++ capture).
+    A backward over tpu tensors runs as without it: its compiled parts are still the
+    programs AOTAutograd made (said once in the log). CPU-only backwards keep it."""
+    if not any(isinstance(o, torch.Tensor) and o.device.type == "tpu" for o in outputs):
+        return run_backward(outputs, *args, **kwargs)
+    _say_compiled_autograd_ignored()
+    with sys.modules["torch._dynamo.compiled_autograd"]._disable(), \
+            torch.autograd.set_multithreading_enabled(False):
+        return run_backward(outputs, *args, **kwargs)
+
+
+@functools.cache
+def _say_compiled_autograd_ignored() -> None:
+    logging.getLogger(__name__).warning(
+        "torch._dynamo.config.compiled_autograd is on, but compiled autograd cannot capture a "
+        "backward over tpu tensors: it runs as without it (the compiled forward's backward "
+        "program still runs as one program; torch.tpu.graph captures a whole step)")
 
 
 # The engine checks each gradient's device as it enters a node (validate_outputs), except

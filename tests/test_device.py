@@ -18,6 +18,62 @@ def test_device_module():
     assert torch.device("tpu").type == "tpu"
 
 
+
+def test_cuda_names_code_written_for_cuda_uses():
+    """``torch.cuda``'s names that training code reaches for: ``except
+    torch.cuda.OutOfMemoryError`` (batch-size finders), ``torch.cuda.memory.*``,
+    ``is_current_stream_capturing``; each the same on ``torch.tpu``."""
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+    with pytest.raises(torch.tpu.OutOfMemoryError, match="out of memory"):
+        torch.empty(2 ** 40, device="tpu")
+    import torch.tpu.memory as tpu_memory
+    x = torch.ones(1024, device="tpu")
+    assert tpu_memory.memory_allocated() == torch.tpu.memory_allocated() >= x.nbytes
+    assert torch.tpu.is_current_stream_capturing() is False
+    captured = []
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        captured.append(torch.tpu.is_current_stream_capturing())
+        y = x * 2
+    g.replay()
+    assert captured == [True] and torch.equal(y.cpu(), torch.full((1024,), 2.0))
+
+
+def test_amp_names_as_torch_cuda_amp():
+    """``torch.tpu.amp``: what ``torch.cuda.amp`` holds (deprecated there, with the same
+    warning here), each torch.amp's object for the tpu device."""
+    from torch.tpu.amp import GradScaler, autocast, custom_bwd, custom_fwd
+
+    lin = torch.nn.Linear(4, 4).to("tpu")
+    x = torch.randn(2, 4).to("tpu")
+    with pytest.warns(FutureWarning, match=r'torch.amp.autocast\("tpu"'):
+        ctx = autocast()
+    with ctx:
+        assert lin(x).dtype == torch.bfloat16        # the device's autocast dtype
+    with pytest.warns(FutureWarning), autocast(dtype=torch.float16):
+        assert lin(x).dtype == torch.float16
+    with pytest.warns(FutureWarning):
+        scaler = GradScaler(init_scale=8.0)
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() == 8.0
+
+    with pytest.warns(FutureWarning):
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            @custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, a):
+                return a * 2
+
+            @staticmethod
+            @custom_bwd
+            def backward(ctx, g):
+                return g * 2
+    a = torch.ones(3, dtype=torch.bfloat16).to("tpu").requires_grad_()
+    with torch.autocast("tpu"):
+        out = Twice.apply(a)
+    assert out.dtype == torch.float32               # inputs cast as asked, autocast off inside
+    out.sum().backward()
+    assert a.grad.dtype == torch.bfloat16 and torch.equal(a.grad.cpu(), torch.full((3,), 2.0, dtype=torch.bfloat16))
+
 @pytest.mark.parametrize("factory", [
     lambda d: torch.zeros(2, 3, device=d),
     lambda d: torch.ones(4, device=d, dtype=torch.int32),

@@ -31,6 +31,7 @@ from tpu_kernels import runtime_ops as _runtime_ops  # noqa: E402,F401  (registe
 from tpu_kernels import flex_attention as _flex_attention  # noqa: E402,F401  (flex_attention HOPs on tpu)
 from tpu_kernels import accelerator as _accelerator  # noqa: E402
 from tpu_kernels import autocast as _autocast  # noqa: E402
+from tpu_kernels import amp_names as _amp_names  # noqa: E402
 from tpu_kernels import host_memory as _host_memory  # noqa: E402
 from tpu_kernels import optim_defaults as _optim_defaults  # noqa: E402
 from tpu_kernels import serialization as _serialization  # noqa: E402
@@ -45,6 +46,7 @@ from tpu_kernels.registry import tpu_kernel  # noqa: E402
 from tpu_kernels.tensor import TpuTensor  # noqa: E402
 
 _autocast.install()        # torch.autocast("tpu"): CUDA's op lists, bfloat16 by default
+_amp_names.install()       # torch.tpu.amp: torch.cuda.amp's names (autocast, GradScaler, custom_fwd/bwd)
 _serialization.install()   # torch.save / torch.load of tpu tensors, map_location="tpu"
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
 _accelerator.install()     # torch.accelerator.* for the tpu device

@@ -90,7 +90,19 @@ def _backend_module() -> types.ModuleType:
     m.set_rng_state_all = lambda states: m.set_rng_state(states[0])
     m.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     m.is_bf16_supported = lambda including_emulation=True: True
+    m.OutOfMemoryError = torch.OutOfMemoryError   # what a result that cannot fit raises, as on CUDA
+    m.memory = _submodule("torch.tpu.memory", memory, _MODULE_FUNCTIONS[memory])
     return m
+
+
+def _submodule(name: str, source: types.ModuleType, names: tuple[str, ...]) -> types.ModuleType:
+    """A module ``name`` holding ``source``'s ``names``, importable by that name
+    (``torch.tpu.memory.memory_allocated``, as ``torch.cuda.memory``'s)."""
+    sub = types.ModuleType(name)
+    for n in names:
+        setattr(sub, n, getattr(source, n))
+    sys.modules[name] = sub
+    return sub
 
 
 def _keep_ties_when_moving_modules() -> None:

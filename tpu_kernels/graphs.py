@@ -290,16 +290,22 @@ def _capturable(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> 
             "does not see. Pass capturable=True to the optimizer.")
 
 
+def is_current_stream_capturing() -> bool:
+    """Whether a ``torch.tpu.graph`` capture is recording (``torch.cuda``'s question: code
+    that must not sync or allocate anew while captured asks it)."""
+    return lazy.capturing()
+
+
 _installed = False
 
 
 def install() -> None:
-    """Idempotent: ``torch.tpu.TPUGraph``, ``torch.tpu.graph``, ``torch.tpu.graph_pool_handle``
-    and the optimizers' capturable check."""
+    """Idempotent: ``torch.tpu.TPUGraph``, ``torch.tpu.graph``, ``torch.tpu.graph_pool_handle``,
+    ``torch.tpu.is_current_stream_capturing`` and the optimizers' capturable check."""
     global _installed
     if _installed:
         return
     _installed = True
-    for name in ("TPUGraph", "graph", "graph_pool_handle"):
+    for name in ("TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing"):
         setattr(torch.tpu, name, globals()[name])
     register_optimizer_step_pre_hook(_capturable)

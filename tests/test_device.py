@@ -1,6 +1,7 @@
 """The tpu device behaves like any torch device: factories, transfers, printing, seeds."""
 from __future__ import annotations
 
+import copy
 import pickle
 
 import pytest
@@ -38,6 +39,30 @@ def test_cuda_names_code_written_for_cuda_uses():
     g.replay()
     assert captured == [True] and torch.equal(y.cpu(), torch.full((1024,), 2.0))
 
+
+def test_code_written_for_cuda_streams_and_data_parallel():
+    """``tensor.record_stream(s)`` (side-stream copies: nothing to record, argument checked
+    as torch does) and ``nn.DataParallel(model)`` on one tpu device (the module runs there;
+    gradients reach CPU inputs). Both raised before (torch wants a torch.Stream; DataParallel
+    split inputs with CUDA's ``torch._C._scatter``)."""
+    s = torch.tpu.Stream()
+    with torch.tpu.stream(s):
+        y = torch.ones(3, device="tpu") * 2
+    torch.tpu.current_stream().wait_stream(s)
+    assert y.record_stream(torch.tpu.current_stream()) is None
+    with pytest.raises(TypeError, match="must be a tpu Stream"):
+        y.record_stream(0)
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh())
+    dp = torch.nn.DataParallel(copy.deepcopy(cpu)).to("tpu")
+    x = torch.randn(5, 4, requires_grad=True)
+    out = dp(x)
+    assert out.device == torch.device("tpu", 0)
+    assert torch.allclose(out.cpu(), cpu(x), atol=1e-6)
+    out.sum().backward()
+    want = torch.autograd.grad(cpu(x).sum(), x)[0]
+    assert x.grad.device.type == "cpu" and torch.allclose(x.grad, want, atol=1e-6)
 
 def test_amp_names_as_torch_cuda_amp():
     """``torch.tpu.amp``: what ``torch.cuda.amp`` holds (deprecated there, with the same

@@ -24,7 +24,7 @@ LAYERS = [
                 "tpu_kernels.tensor_values", "tpu_kernels.module_moves")),
     ("dispatch", ("tpu_kernels.dispatch",)),
     ("runtime ops", ("tpu_kernels.runtime_ops", "tpu_kernels.flex_attention", "tpu_kernels.autocast", "tpu_kernels.amp_names",
-                     "tpu_kernels.serialization", "tpu_kernels.interchange", "tpu_kernels.host_memory", "tpu_kernels.accelerator",
+                     "tpu_kernels.serialization", "tpu_kernels.interchange", "tpu_kernels.host_memory", "tpu_kernels.data_parallel", "tpu_kernels.accelerator",
                      "tpu_kernels.optim_defaults")),
     ("modes", ("tpu_kernels.deferred_mode", "tpu_kernels.graphs", "tpu_kernels.graph_packing", "tpu_kernels.program_packs", "tpu_kernels.graphed_callables", "tpu_kernels.compile_options", "tpu_kernels.graph_patterns", "tpu_kernels.host_writes",
                "tpu_kernels.graph_inputs", "tpu_kernels.graph_outputs", "tpu_kernels.graph_host_ops", "tpu_kernels.graph_program", "tpu_kernels.compile_fast_path", "tpu_kernels.compile_joint", "tpu_kernels.compile_train_fast_path",

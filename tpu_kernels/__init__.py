@@ -33,6 +33,7 @@ from tpu_kernels import accelerator as _accelerator  # noqa: E402
 from tpu_kernels import autocast as _autocast  # noqa: E402
 from tpu_kernels import amp_names as _amp_names  # noqa: E402
 from tpu_kernels import host_memory as _host_memory  # noqa: E402
+from tpu_kernels import data_parallel as _data_parallel  # noqa: E402
 from tpu_kernels import optim_defaults as _optim_defaults  # noqa: E402
 from tpu_kernels import serialization as _serialization  # noqa: E402
 from tpu_kernels import interchange as _interchange  # noqa: E402,F401  (DLPack export refused clearly)
@@ -49,6 +50,7 @@ _autocast.install()        # torch.autocast("tpu"): CUDA's op lists, bfloat16 by
 _amp_names.install()       # torch.tpu.amp: torch.cuda.amp's names (autocast, GradScaler, custom_fwd/bwd)
 _serialization.install()   # torch.save / torch.load of tpu tensors, map_location="tpu"
 _host_memory.install()     # t.pin_memory(), DataLoader(pin_memory=True)
+_data_parallel.install()   # nn.DataParallel on one tpu device
 _accelerator.install()     # torch.accelerator.* for the tpu device
 _optim_defaults.install()  # optimizers and clip_grad_norm_ take their foreach paths, as on CUDA
 _deferred_mode.install()   # a backward and an optimizer step run deferred mode's recording so far

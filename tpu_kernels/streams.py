@@ -67,6 +67,15 @@ class Stream:
         return f"<torch.tpu.Stream device=tpu:{self.device_index} stream_id={self.stream_id}>"
 
 
+def record_stream(t: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream(stream)`` for a tpu tensor: nothing to record. On CUDA it tells
+    the caching allocator that ``stream`` still uses the memory; here a queued computation
+    keeps the arrays it reads alive until it is done. The argument is checked as torch does."""
+    if not isinstance(stream, Stream):
+        raise TypeError(f"record_stream(): argument 's' (position 1) must be a tpu Stream "
+                        f"(torch.tpu.Stream), not {type(stream).__name__}")
+
+
 class Event:
     """A tpu event: ``record`` waits for the device and notes the time (see the module
     docstring); ``wait`` is free."""

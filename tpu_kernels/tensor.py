@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
-from tpu_kernels import errors, printing, shadow, strided
+from tpu_kernels import errors, printing, shadow, streams, strided
 from tpu_kernels.registry.dtypes import to_jax_dtype, to_torch_dtype
 from tpu_kernels.storage import Storage, copied as storage_copied, to_torch
 from tpu_kernels.tensor_values import read, value
@@ -203,6 +203,8 @@ class TpuTensor(torch.Tensor):
 
     def tolist(self):  # noqa: D102  (torch refuses tolist on subclasses)
         return self.cpu().tolist()
+
+    record_stream = streams.record_stream   # (torch's wants a torch.Stream)
 
     def __repr__(self, *, tensor_contents=None) -> str:
         if self._tpu_storage is None:   # traced by torch.compile: no values yet

@@ -180,6 +180,18 @@ SCRIPT = textwrap.dedent('''
             raise AssertionError("no error")
         assert f(torch.ones(3, device="tpu:0")).cpu().tolist() == [2.0, 2.0, 2.0]
 
+    @check
+    def data_parallel_over_two_devices_says_so():
+        m = torch.nn.DataParallel(torch.nn.Linear(2, 2)).to("tpu")   # device_ids: both tpu devices
+        try:
+            m(torch.ones(4, 2))
+        except NotImplementedError as exc:
+            assert "nn.DataParallel over 2 tpu devices" in str(exc), exc
+        else:
+            raise AssertionError("no error")
+        one = torch.nn.DataParallel(torch.nn.Linear(2, 2), device_ids=[1])
+        assert one(torch.ones(4, 2)).device == torch.device("tpu", 1)
+
     print(json.dumps(results))
 ''')
 
@@ -232,3 +244,9 @@ def test_compile_on_the_second_device_raises_a_clear_error(results):
     """Known limit: torch's Python-backend API makes plain tensors on tpu:0 only, so
     torch.compile cannot trace tensors on tpu:1 (``shadow._not_on_tpu0``): it says so."""
     assert results["compile_on_the_second_device_says_so"] == "OK", results["compile_on_the_second_device_says_so"]
+
+
+def test_data_parallel_over_several_devices_raises_a_clear_error(results):
+    """nn.DataParallel's default device_ids take every tpu device: refused with what to use;
+    given one device it runs there."""
+    assert results["data_parallel_over_two_devices_says_so"] == "OK", results["data_parallel_over_two_devices_says_so"]

@@ -64,6 +64,27 @@ def test_code_written_for_cuda_streams_and_data_parallel():
     want = torch.autograd.grad(cpu(x).sum(), x)[0]
     assert x.grad.device.type == "cpu" and torch.allclose(x.grad, want, atol=1e-6)
 
+def test_nvtx_ranges_show_in_a_jax_profiler_trace(tmp_path):
+    """``torch.tpu.nvtx`` (``torch.cuda.nvtx``'s API): pushed ranges nest and report their
+    depth as NVTX's do; every range and mark is an annotation of a ``jax.profiler`` trace."""
+    import glob
+
+    import jax
+    import torch.tpu.nvtx as nvtx
+
+    with jax.profiler.trace(str(tmp_path)):
+        assert (nvtx.range_push("fwd"), nvtx.range_push("inner")) == (0, 1)
+        x = torch.ones(4, device="tpu") * 2
+        assert (nvtx.range_pop(), nvtx.range_pop(), nvtx.range_pop()) == (1, 0, -1)
+        nvtx.range_end(nvtx.range_start("loose"))
+        nvtx.mark("here")
+        with torch.tpu.nvtx.range("step {}", 3):
+            x.sum().item()
+    with pytest.raises(ValueError, match="no open range"):
+        nvtx.range_end(-5)
+    trace = open(glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True)[0], "rb").read()
+    assert all(name.encode() in trace for name in ("fwd", "inner", "loose", "here", "step 3"))
+
 def test_amp_names_as_torch_cuda_amp():
     """``torch.tpu.amp``: what ``torch.cuda.amp`` holds (deprecated there, with the same
     warning here), each torch.amp's object for the tpu device."""

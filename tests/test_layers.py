@@ -18,7 +18,7 @@ LAYERS = [
     # spmd_moe: the MoE experts op, expert-parallel per shard (all_to_all)
     ("registry", ("tpu_kernels.registry", "tpu_kernels.spmd_kernels", "tpu_kernels.spmd_moe")),
     ("base", ("tpu_kernels.platform", "tpu_kernels.lru", "tpu_kernels.cache_files", "tpu_kernels.jax_cache", "tpu_kernels.code_memory", "tpu_kernels.inflight", "tpu_kernels.errors", "tpu_kernels.random_state", "tpu_kernels.devices",
-              "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.device")),
+              "tpu_kernels.memory", "tpu_kernels.streams", "tpu_kernels.trace_ranges", "tpu_kernels.device")),
     ("storage", ("tpu_kernels.lazy", "tpu_kernels.lazy_programs", "tpu_kernels.strided", "tpu_kernels.storage")),
     ("tensor", ("tpu_kernels.fast_tokens", "tpu_kernels.shadow", "tpu_kernels.printing", "tpu_kernels.tensor",
                 "tpu_kernels.tensor_values", "tpu_kernels.module_moves")),

@@ -20,7 +20,7 @@ import jax
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from tpu_kernels import code_memory, devices, errors, jax_cache, memory, random_state, streams
+from tpu_kernels import code_memory, devices, errors, jax_cache, memory, random_state, streams, trace_ranges
 from tpu_kernels.untraced import untraced
 
 
@@ -92,6 +92,8 @@ def _backend_module() -> types.ModuleType:
     m.is_bf16_supported = lambda including_emulation=True: True
     m.OutOfMemoryError = torch.OutOfMemoryError   # what a result that cannot fit raises, as on CUDA
     m.memory = _submodule("torch.tpu.memory", memory, _MODULE_FUNCTIONS[memory])
+    m.nvtx = _submodule("torch.tpu.nvtx", trace_ranges,
+                        ("range_push", "range_pop", "range_start", "range_end", "mark", "range"))
     return m
 
 

@@ -23,6 +23,8 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from tpu_kernels import code_memory, devices, errors, jax_cache, memory, random_state, streams, trace_ranges
 from tpu_kernels.untraced import untraced
 
+log = logging.getLogger(__name__)
+
 
 def synchronize(device: Any = None) -> None:
     """Wait for every queued computation on the device (and raise deferred device errors)."""
@@ -173,7 +175,6 @@ def _backward_on_the_calling_thread() -> None:
     torch.autograd._engine_run_backward = wrapper
 
 
-
 def _compiled_autograd_on() -> bool:
     """Whether a backward would be captured by compiled autograd
     (``torch._dynamo.config.compiled_autograd`` inside a compiled function)."""
@@ -197,9 +198,9 @@ def _without_compiled_autograd(run_backward: Callable, outputs: Any, *args: Any,
         return run_backward(outputs, *args, **kwargs)
 
 
-@functools.cache
+@functools.cache   # once per process
 def _say_compiled_autograd_ignored() -> None:
-    logging.getLogger(__name__).warning(
+    log.warning(
         "torch._dynamo.config.compiled_autograd is on, but compiled autograd cannot capture a "
         "backward over tpu tensors: it runs as without it (the compiled forward's backward "
         "program still runs as one program; torch.tpu.graph captures a whole step)")

@@ -9,11 +9,12 @@ device's (bfloat16), not CUDA's float16.
 from __future__ import annotations
 
 import sys
-import types
 import warnings
 from typing import Any, Callable
 
 import torch
+
+from tpu_kernels.device import submodule
 
 
 def _deprecated(name: str, current: str) -> None:
@@ -48,9 +49,5 @@ def custom_bwd(bwd: Callable | None = None) -> Any:
 
 def install() -> None:
     """``torch.tpu.amp`` (importable as a module too: ``from torch.tpu.amp import autocast``)."""
-    m = types.ModuleType("torch.tpu.amp")
-    m.__doc__ = __doc__
-    for name in ("autocast", "GradScaler", "custom_fwd", "custom_bwd"):
-        setattr(m, name, globals()[name])
-    sys.modules["torch.tpu.amp"] = m
-    torch.tpu.amp = m
+    torch.tpu.amp = submodule("torch.tpu.amp", sys.modules[__name__],
+                              ("autocast", "GradScaler", "custom_fwd", "custom_bwd"))

@@ -93,16 +93,16 @@ def _backend_module() -> types.ModuleType:
     m.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]
     m.is_bf16_supported = lambda including_emulation=True: True
     m.OutOfMemoryError = torch.OutOfMemoryError   # what a result that cannot fit raises, as on CUDA
-    m.memory = _submodule("torch.tpu.memory", memory, _MODULE_FUNCTIONS[memory])
-    m.nvtx = _submodule("torch.tpu.nvtx", trace_ranges,
+    m.memory = submodule("torch.tpu.memory", memory, _MODULE_FUNCTIONS[memory])
+    m.nvtx = submodule("torch.tpu.nvtx", trace_ranges,
                         ("range_push", "range_pop", "range_start", "range_end", "mark", "range"))
     return m
 
 
-def _submodule(name: str, source: types.ModuleType, names: tuple[str, ...]) -> types.ModuleType:
-    """A module ``name`` holding ``source``'s ``names``, importable by that name
-    (``torch.tpu.memory.memory_allocated``, as ``torch.cuda.memory``'s)."""
-    sub = types.ModuleType(name)
+def submodule(name: str, source: types.ModuleType, names: tuple[str, ...]) -> types.ModuleType:
+    """A module ``name`` holding ``source``'s ``names`` (and its docstring), importable by
+    that name (``torch.tpu.memory.memory_allocated``, as ``torch.cuda.memory``'s)."""
+    sub = types.ModuleType(name, source.__doc__)
     for n in names:
         setattr(sub, n, getattr(source, n))
     sys.modules[name] = sub
@@ -164,15 +164,20 @@ def _backward_on_the_calling_thread() -> None:
             args = (_root_gradients(outputs, args[0]), *args[1:])
         if BACKWARD_STARTS:
             _backward_starts()
-        if _compiled_autograd_on():
+        if _compiled_autograd_on() and any(isinstance(o, torch.Tensor) and o.device.type == "tpu" for o in outputs):
             return _without_compiled_autograd(run_backward, outputs, *args, **kwargs)
-        if not torch._C._is_multithreading_enabled():
-            return run_backward(outputs, *args, **kwargs)
-        with torch.autograd.set_multithreading_enabled(False):
-            return run_backward(outputs, *args, **kwargs)
+        return _on_this_thread(run_backward, outputs, *args, **kwargs)
 
     torch.autograd.graph._engine_run_backward = wrapper
     torch.autograd._engine_run_backward = wrapper
+
+
+def _on_this_thread(run_backward: Callable, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    """The engine's backward with its multithreading off (see above)."""
+    if not torch._C._is_multithreading_enabled():
+        return run_backward(outputs, *args, **kwargs)
+    with torch.autograd.set_multithreading_enabled(False):
+        return run_backward(outputs, *args, **kwargs)
 
 
 def _compiled_autograd_on() -> bool:
@@ -184,18 +189,16 @@ def _compiled_autograd_on() -> bool:
 
 @untraced
 def _without_compiled_autograd(run_backward: Callable, outputs: Any, *args: Any, **kwargs: Any) -> Any:
-    """A backward run by the engine itself where compiled autograd would capture it.
+    """A backward over tpu tensors run by the engine itself where compiled autograd would
+    capture it.
 
     Compiled autograd traces the engine's graph with fake copies of every tensor it
     meets, and cannot make them of tpu tensors (torch 2.13 stops inside its C++ capture).
-    A backward over tpu tensors runs as without it: its compiled parts are still the
-    programs AOTAutograd made (said once in the log). CPU-only backwards keep it."""
-    if not any(isinstance(o, torch.Tensor) and o.device.type == "tpu" for o in outputs):
-        return run_backward(outputs, *args, **kwargs)
+    Such a backward runs as without it: its compiled parts are still the programs
+    AOTAutograd made (said once in the log). CPU-only backwards keep it."""
     _say_compiled_autograd_ignored()
-    with sys.modules["torch._dynamo.compiled_autograd"]._disable(), \
-            torch.autograd.set_multithreading_enabled(False):
-        return run_backward(outputs, *args, **kwargs)
+    with sys.modules["torch._dynamo.compiled_autograd"]._disable():
+        return _on_this_thread(run_backward, outputs, *args, **kwargs)
 
 
 @functools.cache   # once per process

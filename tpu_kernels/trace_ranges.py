@@ -27,12 +27,16 @@ def _stack() -> list:
     return s
 
 
-def range_push(msg: str) -> int:
-    """Start a nested range; its zero-based depth."""
+def _entered(msg: str) -> jax.profiler.TraceAnnotation:
     ann = jax.profiler.TraceAnnotation(str(msg))
     ann.__enter__()
+    return ann
+
+
+def range_push(msg: str) -> int:
+    """Start a nested range; its zero-based depth."""
     stack = _stack()
-    stack.append(ann)
+    stack.append(_entered(msg))
     return len(stack) - 1
 
 
@@ -47,10 +51,8 @@ def range_pop() -> int:
 
 def range_start(msg: str) -> int:
     """Start a range that need not nest; its id for ``range_end``."""
-    ann = jax.profiler.TraceAnnotation(str(msg))
-    ann.__enter__()
     rid = next(_ids)
-    _started[rid] = ann
+    _started[rid] = _entered(msg)
     return rid
 
 
